@@ -1,0 +1,266 @@
+"""The only code that writes slot lifecycle records.
+
+Each transition is one conditional write. Its condition pins the record as read
+(`rev`) and restates the transition's business rule, so the write happens only if the
+decision made on the read still holds. A failed condition is an answer, not an error:
+it comes back as `Conflict` with the current record (ReturnValuesOnConditionCheckFailure
+= ALL_OLD), and the caller re-decides on it. Nothing here retries blindly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from boto3.dynamodb.conditions import Attr, ConditionBase
+from boto3.dynamodb.types import TypeDeserializer
+from botocore.exceptions import ClientError
+
+from seedkeeper import transitions
+from seedkeeper.errors import translate_client_error
+from seedkeeper.models import Incarnation, Origin, OwnerClaim, SeedIdentity
+from seedkeeper.opwindow import Actor, OpKind, OpRef
+from seedkeeper.record import (
+    LIVE_STATES,
+    SCHEMA,
+    Checkpoint,
+    Classified,
+    SeedFailed,
+    SeedSucceeded,
+    SlotRecord,
+    State,
+    Supported,
+    classify,
+    encode,
+    slot_key,
+)
+from seedkeeper.transitions import Acknowledged, Change, Refused
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.service_resource import Table
+
+_deserialize = TypeDeserializer().deserialize
+
+
+@dataclass(frozen=True)
+class Written:
+    record: SlotRecord
+    change: Change
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Someone else moved first: the condition failed against `current`."""
+
+    current: Classified
+
+
+Outcome = Written | Conflict | Acknowledged | Refused
+
+
+class Lifecycle:
+    def __init__(self, table: Table) -> None:
+        self._table = table
+
+    def read(self, slot: str) -> Classified:
+        """The record as it is now. Strongly consistent: reads that decide must not see
+        the past."""
+        try:
+            response = self._table.get_item(Key=slot_key(slot), ConsistentRead=True)
+        except ClientError as error:
+            raise translate_client_error(error) from error
+        return classify(slot, response.get("Item"))
+
+    def birth(
+        self,
+        slot: str,
+        *,
+        owner: OwnerClaim | None,
+        seed: SeedIdentity | None,
+        origin: Origin | None,
+        now: int,
+        idle_deadline: int,
+    ) -> Written | Conflict:
+        change = transitions.born(
+            slot, owner=owner, seed=seed, origin=origin, now=now, idle_deadline=idle_deadline
+        )
+        first_writer = Attr("PK").not_exists()  # a slot is born once
+        try:
+            self._table.put_item(
+                Item=encode(change.record),
+                ConditionExpression=first_writer,
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as error:
+            return self._conflict(slot, error)
+        return Written(change.record, change)
+
+    def record_incarnation(
+        self, record: SlotRecord, *, incarnation: Incarnation, launch: OpRef, now: int
+    ) -> Outcome:
+        decision = transitions.record_incarnation(
+            record, incarnation=incarnation, launch=launch, now=now
+        )
+        same_attempt = Attr("attempt").eq(record.attempt)  # a newer attempt owns the slot
+        first_incarnation = Attr("incarnation").not_exists()  # the birth container is immutable
+        return self._apply(record, decision, same_attempt & first_incarnation)
+
+    def settle_seed(
+        self,
+        record: SlotRecord,
+        *,
+        attempt: int,
+        restore: OpRef,
+        result: SeedSucceeded | SeedFailed,
+        now: int,
+    ) -> Outcome:
+        decision = transitions.settle_seed(
+            record, attempt=attempt, restore=restore, result=result, now=now
+        )
+        own_attempt = Attr("attempt").eq(attempt)  # only the live attempt settles
+        still_seeding = Attr("state").eq(State.SEEDING.value)  # the first verdict stands
+        return self._apply(record, decision, own_attempt & still_seeding)
+
+    def touch(
+        self,
+        slot: str,
+        *,
+        owner: OwnerClaim | None,
+        seed: SeedIdentity | None,
+        origin: Origin | None,
+        now: int,
+        idle_deadline: int,
+    ) -> Written | Conflict:
+        """Extend the idle deadline for the slot's own owner, seed and origin: one
+        UpdateItem and no read, so a poll costs one call. The new record is returned.
+
+        No `rev` is read first, so the condition itself carries every fact the poll
+        depends on, plus the types of the attributes a malformed record would lack.
+        """
+        exists = Attr("PK").exists()
+        supported = Attr("schema").eq(SCHEMA)  # never write a newer deployment's record
+        live = Attr("state").is_in([state.value for state in LIVE_STATES])
+        well_typed = (
+            Attr("rev").attribute_type("N")
+            & Attr("attempt").attribute_type("N")
+            & Attr("idle_deadline").attribute_type("N")
+            & Attr("ops").attribute_type("L")
+        )
+        same_owner = _equals("owner", owner)  # the claim is immutable once bound
+        same_seed = _equals("seed", seed)
+        same_origin = _equals("origin", origin)
+        try:
+            response = self._table.update_item(
+                Key=slot_key(slot),
+                UpdateExpression="SET #deadline = :deadline, #updated = :now ADD #rev :one",
+                ExpressionAttributeNames={
+                    "#deadline": "idle_deadline",
+                    "#updated": "updated_at",
+                    "#rev": "rev",
+                },
+                ExpressionAttributeValues={":deadline": idle_deadline, ":now": now, ":one": 1},
+                ConditionExpression=exists
+                & supported
+                & live
+                & well_typed
+                & same_owner
+                & same_seed
+                & same_origin,
+                ReturnValues="ALL_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as error:
+            return self._conflict(slot, error)
+        touched = classify(slot, response["Attributes"])
+        if not isinstance(touched, Supported):
+            return Conflict(touched)
+        record = touched.record
+        return Written(record, Change(record))
+
+    def fence(self, record: SlotRecord, *, now: int) -> Outcome:
+        decision = transitions.fence(record, now=now)
+        # The business rule itself, so a touch or a seed in the same tick makes it fail:
+        positively_unseeded = Attr("state").eq(State.UNSEEDED.value)
+        still_idle = Attr("idle_deadline").lt(now)
+        nothing_in_flight = Attr("open_ops").eq(0)
+        return self._apply(record, decision, positively_unseeded & still_idle & nothing_in_flight)
+
+    def retire(self, record: SlotRecord, *, stop: OpRef, now: int, expires_at: int) -> Outcome:
+        decision = transitions.retire(record, stop=stop, now=now, expires_at=expires_at)
+        fenced = Attr("state").eq(State.CLOSING.value)  # only through the fence
+        return self._apply(record, decision, fenced)
+
+    def record_checkpoint(
+        self, record: SlotRecord, *, checkpoint: Checkpoint, upload: OpRef, now: int
+    ) -> Outcome:
+        decision = transitions.record_checkpoint(
+            record, checkpoint=checkpoint, upload=upload, now=now
+        )
+        same_incarnation = Attr("incarnation").eq(checkpoint.incarnation)
+        same_owner = _equals("owner", checkpoint.owner)
+        return self._apply(record, decision, same_incarnation & same_owner)
+
+    def reserve(self, record: SlotRecord, *, kind: OpKind, actor: Actor, now: int) -> Outcome:
+        decision = transitions.reserve(record, kind=kind, actor=actor, now=now)
+        not_retired = Attr("state").ne(State.RETIRED.value)
+        return self._apply(record, decision, not_retired)
+
+    def settle(self, record: SlotRecord, *, ref: OpRef, outcome: str, now: int) -> Outcome:
+        decision = transitions.settle(record, ref=ref, outcome=outcome, now=now)
+        return self._apply(record, decision, None)
+
+    def _apply(
+        self,
+        read: SlotRecord,
+        decision: transitions.Decision,
+        rule: ConditionBase | None,
+    ) -> Outcome:
+        """Write a `Change` as one UpdateItem: SET what changed, REMOVE what is gone."""
+        if not isinstance(decision, Change):
+            return decision
+        unchanged_since_read = Attr("rev").eq(read.rev)
+        supported = Attr("schema").eq(SCHEMA)
+        condition = unchanged_since_read & supported
+        if rule is not None:
+            condition = condition & rule
+        before, after = encode(read), encode(decision.record)
+        changed = sorted(name for name in after if before.get(name) != after[name])
+        removed = sorted(name for name in before if name not in after)
+        names = {f"#a{index}": name for index, name in enumerate(changed + removed)}
+        placeholder = {name: key for key, name in names.items()}
+        clauses = []
+        if changed:
+            clauses.append(
+                "SET " + ", ".join(f"{placeholder[n]} = :a{i}" for i, n in enumerate(changed))
+            )
+        if removed:
+            clauses.append("REMOVE " + ", ".join(placeholder[name] for name in removed))
+        try:
+            self._table.update_item(
+                Key=slot_key(read.slot),
+                UpdateExpression=" ".join(clauses),
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues={f":a{i}": after[n] for i, n in enumerate(changed)},
+                ConditionExpression=condition,
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as error:
+            return self._conflict(read.slot, error)
+        return Written(decision.record, decision)
+
+    @staticmethod
+    def _conflict(slot: str, error: ClientError) -> Conflict:
+        if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+            raise translate_client_error(error) from error
+        old: Mapping[str, Any] | None = error.response.get("Item")  # type: ignore[assignment]
+        item = {name: _deserialize(value) for name, value in old.items()} if old else None
+        return Conflict(classify(slot, item))
+
+
+def _equals(name: str, value: OwnerClaim | SeedIdentity | str | None) -> ConditionBase:
+    if value is None:
+        return Attr(name).not_exists()
+    if isinstance(value, str):
+        return Attr(name).eq(value)
+    return Attr(name).eq(value.model_dump(mode="json", exclude_none=True))

@@ -1,0 +1,98 @@
+"""Test data: valid values to start from, varied one field at a time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from seedkeeper import transitions
+from seedkeeper.models import OwnerClaim, SeedIdentity
+from seedkeeper.record import SeedFailed, SeedSucceeded, SlotRecord, State
+
+ORIGIN = "https://git.example.com/acme/widgets.git"
+NOW = 1_800_000_000
+IDLE = 600
+
+
+def owner(**changes: Any) -> OwnerClaim:
+    fields: dict[str, Any] = {
+        "run": "run-1",
+        "requester": "alice",
+        "thread": "thread-1",
+        "repository": "acme/widgets",
+        "ref": "main",
+        "head": "a" * 40,
+    }
+    return OwnerClaim(**(fields | changes))
+
+
+def seed(**changes: Any) -> SeedIdentity:
+    fields: dict[str, Any] = {
+        "resource": "acme-widgets",
+        "ref": "main",
+        "sha": "a" * 40,
+        "checkout_backup_id": "checkout-0001",
+        "deps_backup_id": "deps-0001",
+    }
+    return SeedIdentity(**(fields | changes))
+
+
+INCARNATION = "local:slot-1:1"
+EXPIRED = NOW + IDLE + 1
+
+
+def success(**changes: Any) -> SeedSucceeded:
+    fields: dict[str, Any] = {
+        "ref": "main",
+        "head": "a" * 40,
+        "from_backup": "checkout-0001",
+        "steps": {"download": 120, "extract": 80},
+        "ms": 230,
+    }
+    return SeedSucceeded(**(fields | changes))
+
+
+def failure() -> SeedFailed:
+    return SeedFailed(reason="seed-failed", step="extract", detail="unsquashfs exited 1")
+
+
+def changed(decision: transitions.Decision) -> transitions.Change:
+    assert isinstance(decision, transitions.Change), decision
+    return decision
+
+
+def record_in(state: State, slot: str = "slot-1") -> SlotRecord:
+    """A record brought to `state` by the transitions themselves, incarnation recorded."""
+    cold = state in {State.UNSEEDED, State.CLOSING, State.RETIRED}
+    birth = transitions.born(
+        slot,
+        owner=None if cold else owner(),
+        seed=None if cold else seed(),
+        origin=None if cold else ORIGIN,
+        now=NOW,
+        idle_deadline=NOW + IDLE,
+    )
+    assert birth.entry is not None
+    record = changed(
+        transitions.record_incarnation(
+            birth.record, incarnation=INCARNATION, launch=birth.entry.ref, now=NOW
+        )
+    ).record
+    if state in {State.SEEDED, State.SEED_FAILED}:
+        verdict = success() if state is State.SEEDED else failure()
+        record = changed(
+            transitions.settle_seed(
+                record, attempt=1, restore=birth.entry.ref, result=verdict, now=NOW
+            )
+        ).record
+    if state in {State.CLOSING, State.RETIRED}:
+        closing = changed(transitions.fence(record, now=EXPIRED))
+        record = closing.record
+        if state is State.RETIRED:
+            assert closing.entry is not None
+            record = changed(
+                transitions.retire(
+                    record, stop=closing.entry.ref, now=EXPIRED, expires_at=EXPIRED + 86_400
+                )
+            ).record
+    assert record.state is state
+    return record

@@ -1,0 +1,476 @@
+"""Every lifecycle transition against moto's real conditional-write semantics, with its
+losing paths, asserting what the table holds afterwards."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from botocore.stub import Stubber
+
+from builders import (
+    EXPIRED,
+    IDLE,
+    INCARNATION,
+    NOW,
+    ORIGIN,
+    failure,
+    owner,
+    seed,
+    success,
+)
+from conftest import TABLE_NAME
+from seedkeeper.errors import StoreError, StoreUnavailable
+from seedkeeper.lifecycle import Conflict, Lifecycle, Outcome, Written
+from seedkeeper.opwindow import Actor, OpKind, OpRef, OpStatus
+from seedkeeper.record import (
+    Absent,
+    Checkpoint,
+    Malformed,
+    SlotRecord,
+    State,
+    Supported,
+    Unsupported,
+    slot_key,
+)
+from seedkeeper.transitions import Acknowledged, Refused
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.service_resource import Table
+
+SLOT = "slot-1"
+RESTORE = OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=1)
+LAUNCH = OpRef(ordinal=1, actor=Actor.SEED_FN, generation=1)
+
+
+def stored(table: Table) -> dict[str, Any] | None:
+    return table.get_item(Key=slot_key(SLOT), ConsistentRead=True).get("Item")
+
+
+def written(outcome: Outcome | Conflict) -> SlotRecord:
+    assert isinstance(outcome, Written), outcome
+    return outcome.record
+
+
+def current(lifecycle: Lifecycle) -> SlotRecord:
+    classified = lifecycle.read(SLOT)
+    assert isinstance(classified, Supported), classified
+    return classified.record
+
+
+def born_seeding(lifecycle: Lifecycle, claim: bool = True) -> SlotRecord:
+    return written(
+        lifecycle.birth(
+            SLOT,
+            owner=owner() if claim else None,
+            seed=seed(),
+            origin=ORIGIN if claim else None,
+            now=NOW,
+            idle_deadline=NOW + IDLE,
+        )
+    )
+
+
+def launched_seeding(lifecycle: Lifecycle) -> SlotRecord:
+    return written(
+        lifecycle.record_incarnation(
+            born_seeding(lifecycle), incarnation=INCARNATION, launch=RESTORE, now=NOW
+        )
+    )
+
+
+def launched_cold(lifecycle: Lifecycle) -> SlotRecord:
+    birth = lifecycle.birth(
+        SLOT, owner=None, seed=None, origin=None, now=NOW, idle_deadline=NOW + IDLE
+    )
+    return written(
+        lifecycle.record_incarnation(
+            written(birth), incarnation=INCARNATION, launch=LAUNCH, now=NOW
+        )
+    )
+
+
+def seeded(lifecycle: Lifecycle) -> SlotRecord:
+    return written(
+        lifecycle.settle_seed(
+            launched_seeding(lifecycle), attempt=1, restore=RESTORE, result=success(), now=NOW
+        )
+    )
+
+
+def closing(lifecycle: Lifecycle) -> SlotRecord:
+    return written(lifecycle.fence(launched_cold(lifecycle), now=EXPIRED))
+
+
+def checkpoint(**changes: Any) -> Checkpoint:
+    fields: dict[str, Any] = {
+        "key": "checkpoints/slot-1/1.sqsh",
+        "size": 1024,
+        "etag": '"abc"',
+        "sha256": "0" * 64,
+        "created_at": NOW,
+        "expires_at": NOW + 7 * 86_400,
+        "owner": owner(),
+        "incarnation": INCARNATION,
+    }
+    return Checkpoint.model_validate(fields | changes)
+
+
+def with_upload(lifecycle: Lifecycle) -> SlotRecord:
+    return written(
+        lifecycle.reserve(seeded(lifecycle), kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW)
+    )
+
+
+# Each rev-conditioned transition: how to reach a record it accepts, and the call.
+Transition = tuple[Callable[[Lifecycle], SlotRecord], Callable[[Lifecycle, SlotRecord], Outcome]]
+TRANSITIONS: dict[str, Transition] = {
+    "record_incarnation": (
+        born_seeding,
+        lambda lc, r: lc.record_incarnation(r, incarnation=INCARNATION, launch=RESTORE, now=NOW),
+    ),
+    "settle_seed": (
+        launched_seeding,
+        lambda lc, r: lc.settle_seed(r, attempt=1, restore=RESTORE, result=success(), now=NOW),
+    ),
+    "fence": (launched_cold, lambda lc, r: lc.fence(r, now=EXPIRED)),
+    "retire": (
+        closing,
+        lambda lc, r: lc.retire(r, stop=r.window.entries[-1].ref, now=EXPIRED, expires_at=EXPIRED),
+    ),
+    "record_checkpoint": (
+        with_upload,
+        lambda lc, r: lc.record_checkpoint(
+            r, checkpoint=checkpoint(), upload=r.window.entries[-1].ref, now=NOW
+        ),
+    ),
+    "reserve": (
+        seeded,
+        lambda lc, r: lc.reserve(r, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+    ),
+    "settle": (
+        with_upload,
+        lambda lc, r: lc.settle(r, ref=r.window.entries[-1].ref, outcome="abandoned", now=NOW),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", TRANSITIONS)
+def test_a_transition_writes_exactly_its_record_with_rev_plus_one(
+    lifecycle: Lifecycle, table: Table, name: str
+) -> None:
+    reach, call = TRANSITIONS[name]
+    before = reach(lifecycle)
+    after = written(call(lifecycle, before))
+    assert after.rev == before.rev + 1
+    assert current(lifecycle) == after
+
+
+@pytest.mark.parametrize("name", TRANSITIONS)
+def test_a_stale_rev_loses_and_is_answered_with_the_current_record(
+    lifecycle: Lifecycle, table: Table, name: str
+) -> None:
+    reach, call = TRANSITIONS[name]
+    stale = reach(lifecycle)
+    moved = written(  # another writer moves first
+        lifecycle.reserve(stale, kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW)
+    )
+    item = stored(table)
+    outcome = call(lifecycle, stale)
+    assert outcome == Conflict(Supported(moved))
+    assert stored(table) == item
+
+
+@pytest.mark.parametrize("name", TRANSITIONS)
+def test_an_unsupported_record_is_never_written(
+    lifecycle: Lifecycle, table: Table, name: str
+) -> None:
+    reach, call = TRANSITIONS[name]
+    read = reach(lifecycle)
+    newer: dict[str, Any] = {**slot_key(SLOT), "schema": 2, "rev": read.rev + 1, "future": {"x": 1}}
+    table.put_item(Item=newer)
+    outcome = call(lifecycle, read)
+    assert outcome == Conflict(Unsupported(SLOT, 2))
+    assert stored(table) == newer
+
+
+@pytest.mark.parametrize("name", TRANSITIONS)
+def test_a_malformed_record_is_never_written(lifecycle: Lifecycle, table: Table, name: str) -> None:
+    reach, call = TRANSITIONS[name]
+    read = reach(lifecycle)
+    item = stored(table)
+    assert item is not None
+    corrupted = item | {"rev": read.rev + 1, "state": "sleeping"}
+    table.put_item(Item=corrupted)
+    outcome = call(lifecycle, read)
+    assert isinstance(outcome, Conflict)
+    assert isinstance(outcome.current, Malformed)
+    assert stored(table) == corrupted
+
+
+def test_birth_happens_once_and_the_loser_sees_the_winner(
+    lifecycle: Lifecycle, table: Table
+) -> None:
+    winner = born_seeding(lifecycle)
+    item = stored(table)
+    loser = lifecycle.birth(
+        SLOT,
+        owner=owner(run="run-2"),
+        seed=seed(),
+        origin=ORIGIN,
+        now=NOW + 1,
+        idle_deadline=NOW + IDLE,
+    )
+    assert loser == Conflict(Supported(winner))
+    assert stored(table) == item
+
+
+def test_birth_over_an_unsupported_or_malformed_record_leaves_it_alone(
+    lifecycle: Lifecycle, table: Table
+) -> None:
+    foreigns: list[dict[str, Any]] = [{"schema": 3}, {"schema": 1, "rev": "x"}]
+    for foreign in foreigns:
+        item = {**slot_key(SLOT), **foreign}
+        table.put_item(Item=item)
+        outcome = lifecycle.birth(
+            SLOT, owner=None, seed=None, origin=None, now=NOW, idle_deadline=NOW + IDLE
+        )
+        assert isinstance(outcome, Conflict)
+        assert isinstance(outcome.current, Unsupported | Malformed)
+        assert stored(table) == item
+
+
+def test_birth_writes_the_full_record_into_the_sweep_index(
+    lifecycle: Lifecycle, table: Table
+) -> None:
+    born_seeding(lifecycle)
+    item = stored(table)
+    assert item is not None
+    assert item["state"] == "seeding"
+    assert item["sweep"] == "live"
+    assert item["open_ops"] == 1
+    assert item["ops"][0]["kind"] == "restore"
+    expired = table.query(
+        IndexName="by-deadline",
+        KeyConditionExpression="sweep = :live AND idle_deadline < :now",
+        ExpressionAttributeValues={":live": "live", ":now": EXPIRED},
+    )
+    assert [found["PK"] for found in expired["Items"]] == ["SLOT#slot-1"]
+
+
+def test_read_classifies_absent(lifecycle: Lifecycle) -> None:
+    assert lifecycle.read(SLOT) == Absent(SLOT)
+
+
+def test_settle_seed_by_the_wrong_attempt_is_refused_or_loses(
+    lifecycle: Lifecycle, table: Table
+) -> None:
+    record = launched_seeding(lifecycle)
+    item = stored(table)
+    refused = lifecycle.settle_seed(record, attempt=2, restore=RESTORE, result=success(), now=NOW)
+    assert refused == Refused("attempt-superseded")
+    assert stored(table) == item
+    assert item is not None
+    newer_attempt = item | {"attempt": 2, "rev": record.rev + 1}
+    table.put_item(Item=newer_attempt)
+    lost = lifecycle.settle_seed(record, attempt=1, restore=RESTORE, result=failure(), now=NOW)
+    assert isinstance(lost, Conflict)
+    assert stored(table) == newer_attempt
+
+
+def test_the_first_verdict_stands(lifecycle: Lifecycle, table: Table) -> None:
+    record = seeded(lifecycle)
+    item = stored(table)
+    again = lifecycle.settle_seed(record, attempt=1, restore=RESTORE, result=failure(), now=NOW)
+    assert isinstance(again, Acknowledged)
+    assert stored(table) == item
+
+
+def test_touch_extends_the_deadline_for_the_exact_owner_in_one_call(
+    lifecycle: Lifecycle, table: Table
+) -> None:
+    record = seeded(lifecycle)
+    touched = lifecycle.touch(
+        SLOT, owner=owner(), seed=seed(), origin=ORIGIN, now=NOW + 5, idle_deadline=NOW + 5 + IDLE
+    )
+    after = written(touched)
+    assert after.idle_deadline == NOW + 5 + IDLE
+    assert after.rev == record.rev + 1
+    assert current(lifecycle) == after
+
+
+@pytest.mark.parametrize(
+    "caller",
+    [
+        {"owner": owner(run="run-2")},
+        {"owner": owner(head="b" * 40)},
+        {"owner": None},
+        {"seed": seed(sha="c" * 40)},
+        {"seed": seed(deps_backup_id=None)},
+        {"origin": "https://git.example.com/acme/other.git"},
+        {"origin": None},
+    ],
+)
+def test_touch_by_anyone_else_loses_and_changes_nothing(
+    lifecycle: Lifecycle, table: Table, caller: dict[str, Any]
+) -> None:
+    record = seeded(lifecycle)
+    item = stored(table)
+    identity: dict[str, Any] = {"owner": owner(), "seed": seed(), "origin": ORIGIN} | caller
+    outcome = lifecycle.touch(SLOT, **identity, now=NOW + 5, idle_deadline=NOW + 5 + IDLE)
+    assert outcome == Conflict(Supported(record))
+    assert stored(table) == item
+
+
+def test_an_unclaimed_caller_touches_an_unclaimed_record(lifecycle: Lifecycle) -> None:
+    born_seeding(lifecycle, claim=False)
+    outcome = lifecycle.touch(
+        SLOT, owner=None, seed=seed(), origin=None, now=NOW + 1, idle_deadline=NOW + 1 + IDLE
+    )
+    assert written(outcome).idle_deadline == NOW + 1 + IDLE
+
+
+@pytest.mark.parametrize(
+    "foreign",
+    [
+        {"schema": 2},
+        {"rev": "7"},
+        {"ops": "none"},
+        {"state": "closing"},
+        {"state": "retired"},
+    ],
+)
+def test_touch_never_writes_an_unsupported_malformed_or_finished_record(
+    lifecycle: Lifecycle, table: Table, foreign: dict[str, Any]
+) -> None:
+    seeded(lifecycle)
+    item = stored(table)
+    assert item is not None
+    table.put_item(Item=item | foreign)
+    outcome = lifecycle.touch(
+        SLOT, owner=owner(), seed=seed(), origin=ORIGIN, now=NOW + 5, idle_deadline=NOW + 5 + IDLE
+    )
+    assert isinstance(outcome, Conflict)
+    assert stored(table) == item | foreign
+
+
+def test_touch_of_an_absent_slot_is_a_conflict_with_absent(lifecycle: Lifecycle) -> None:
+    outcome = lifecycle.touch(
+        SLOT, owner=owner(), seed=seed(), origin=ORIGIN, now=NOW, idle_deadline=NOW + IDLE
+    )
+    assert outcome == Conflict(Absent(SLOT))
+
+
+def test_a_touch_in_the_same_tick_makes_the_fence_fail(lifecycle: Lifecycle, table: Table) -> None:
+    record = launched_cold(lifecycle)
+    written(
+        lifecycle.touch(
+            SLOT, owner=None, seed=None, origin=None, now=EXPIRED, idle_deadline=EXPIRED
+        )
+    )
+    item = stored(table)
+    outcome = lifecycle.fence(record, now=EXPIRED)
+    assert isinstance(outcome, Conflict)
+    assert stored(table) == item
+    assert current(lifecycle).state is State.UNSEEDED
+
+
+@pytest.mark.parametrize("reach", [born_seeding, launched_seeding, seeded])
+def test_the_fence_never_closes_a_seeding_or_seeded_slot(
+    lifecycle: Lifecycle, table: Table, reach: Callable[[Lifecycle], SlotRecord]
+) -> None:
+    record = reach(lifecycle)
+    item = stored(table)
+    assert isinstance(lifecycle.fence(record, now=EXPIRED + 10_000), Refused)
+    assert stored(table) == item
+
+
+def test_fence_then_retire_takes_the_slot_out_of_the_sweep_index(
+    lifecycle: Lifecycle, table: Table
+) -> None:
+    fenced = closing(lifecycle)
+    stop = fenced.window.entries[-1]
+    assert (stop.kind, stop.status) == (OpKind.STOP, OpStatus.OPEN)
+    retired = written(lifecycle.retire(fenced, stop=stop.ref, now=EXPIRED, expires_at=EXPIRED + 9))
+    item = stored(table)
+    assert item is not None
+    assert item["state"] == "retired"
+    assert "sweep" not in item
+    assert item["expires_at"] == EXPIRED + 9
+    assert retired.window.unsettled == 0
+    index = table.query(
+        IndexName="by-deadline",
+        KeyConditionExpression="sweep = :live",
+        ExpressionAttributeValues={":live": "live"},
+    )
+    assert index["Items"] == []
+
+
+def test_a_checkpoint_of_another_owner_is_refused(lifecycle: Lifecycle, table: Table) -> None:
+    record = with_upload(lifecycle)
+    item = stored(table)
+    outcome = lifecycle.record_checkpoint(
+        record,
+        checkpoint=checkpoint(owner=owner(requester="mallory")),
+        upload=record.window.entries[-1].ref,
+        now=NOW,
+    )
+    assert outcome == Refused("checkpoint-owner-mismatch")
+    assert stored(table) == item
+
+
+def test_a_duplicate_settle_writes_nothing(lifecycle: Lifecycle, table: Table) -> None:
+    record = with_upload(lifecycle)
+    ref = record.window.entries[-1].ref
+    settled = written(lifecycle.settle(record, ref=ref, outcome="uploaded", now=NOW))
+    item = stored(table)
+    again = lifecycle.settle(settled, ref=ref, outcome="failed", now=NOW)
+    assert isinstance(again, Acknowledged)
+    assert again.entry is not None
+    assert again.entry.outcome == "uploaded"
+    assert stored(table) == item
+
+
+def test_each_transition_is_one_dynamodb_call(lifecycle: Lifecycle, table: Table) -> None:
+    calls: Counter[str] = Counter()
+
+    def count(event_name: str, **_: object) -> None:
+        calls[event_name.rsplit(".", 1)[-1]] += 1
+
+    table.meta.client.meta.events.register("before-call.dynamodb", count)
+    record = born_seeding(lifecycle)
+    record = written(
+        lifecycle.record_incarnation(record, incarnation=INCARNATION, launch=RESTORE, now=NOW)
+    )
+    lifecycle.touch(
+        SLOT, owner=owner(), seed=seed(), origin=ORIGIN, now=NOW + 1, idle_deadline=NOW + IDLE
+    )
+    record = current(lifecycle)
+    written(lifecycle.settle_seed(record, attempt=1, restore=RESTORE, result=success(), now=NOW))
+    assert calls == Counter({"PutItem": 1, "UpdateItem": 3, "GetItem": 1})
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        ("ProvisionedThroughputExceededException", StoreUnavailable),
+        ("ThrottlingException", StoreUnavailable),
+        ("InternalServerError", StoreUnavailable),
+        ("ValidationException", StoreError),
+    ],
+)
+def test_store_errors_are_translated_by_code_and_nothing_is_written(
+    lifecycle: Lifecycle, table: Table, code: str, error: type[Exception]
+) -> None:
+    record = seeded(lifecycle)
+    with Stubber(table.meta.client) as stub:
+        stub.add_client_error("update_item", service_error_code=code, http_status_code=400)
+        with pytest.raises(error, match=code):
+            lifecycle.reserve(record, kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW)
+        stub.add_client_error("get_item", service_error_code=code, http_status_code=400)
+        with pytest.raises(error, match=code):
+            lifecycle.read(SLOT)
+    assert current(lifecycle) == record
+    assert table.name == TABLE_NAME
