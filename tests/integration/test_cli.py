@@ -1,0 +1,71 @@
+"""The `seedkeeper` console script, run as a user would, against a moto server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+from builders import IDLE, NOW, ORIGIN, owner, seed
+from seedkeeper.lifecycle import Lifecycle, Written
+from seedkeeper.local.motoserver import AtomicMotoServer
+
+SEEDKEEPER = str(Path(sys.executable).with_name("seedkeeper"))
+
+
+@pytest.fixture
+def store_env(aws_credentials: None) -> Iterator[dict[str, str]]:
+    server = AtomicMotoServer().start()
+    yield os.environ | {
+        "SEEDKEEPER_TABLE": "cli-table",
+        "SEEDKEEPER_DYNAMODB_ENDPOINT": server.endpoint,
+    }
+    server.stop()
+
+
+def seedkeeper(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SEEDKEEPER, *args],
+        check=False,
+        env=env | {"COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_table_create_then_show_a_slot(store_env: dict[str, str]) -> None:
+    created = seedkeeper("table-create", env=store_env)
+    assert created.returncode == 0, created.stderr
+    assert "created table cli-table" in created.stdout
+
+    absent = seedkeeper("slot", "slot-1", env=store_env)
+    assert absent.returncode == 1
+    assert "absent" in absent.stdout
+
+    table = boto3.resource("dynamodb", endpoint_url=store_env["SEEDKEEPER_DYNAMODB_ENDPOINT"])
+    born = Lifecycle(table.Table("cli-table")).birth(
+        "slot-1", owner=owner(), seed=seed(), origin=ORIGIN, now=NOW, idle_deadline=NOW + IDLE
+    )
+    assert isinstance(born, Written)
+    shown = seedkeeper("slot", "slot-1", env=store_env)
+    assert shown.returncode == 0, shown.stderr
+    assert "seeding" in shown.stdout
+    assert "#1 restore open" in shown.stdout
+    assert "run run-1, thread thread-1, acme/widgets@main" in shown.stdout
+
+
+def test_bad_input_names_the_field(store_env: dict[str, str]) -> None:
+    bad_slot = seedkeeper("slot", "../etc", env=store_env)
+    assert bad_slot.returncode == 2
+    assert "slot" in bad_slot.stderr
+    no_table = seedkeeper(
+        "slot", "slot-1", env={k: v for k, v in store_env.items() if k != "SEEDKEEPER_TABLE"}
+    )
+    assert no_table.returncode == 2
+    assert "table" in no_table.stdout

@@ -1,0 +1,79 @@
+"""The exact requests the lifecycle module sends, checked offline with botocore's Stubber."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import boto3
+import pytest
+from boto3.dynamodb.types import TypeSerializer
+from botocore.stub import ANY, Stubber
+
+from builders import IDLE, NOW, ORIGIN, owner, record_in, seed
+from seedkeeper.lifecycle import Conflict, Lifecycle, Written
+from seedkeeper.opwindow import Actor, OpKind
+from seedkeeper.record import Absent, State, Supported, encode
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.service_resource import Table
+
+# The resource layer hands the stub its parameters before serialising them.
+KEY = {"PK": "SLOT#slot-1", "SK": "LIFECYCLE"}
+_serialize = TypeSerializer().serialize
+
+
+@pytest.fixture
+def table(aws_credentials: None) -> Table:
+    return boto3.resource("dynamodb", region_name="us-east-1").Table("offline")
+
+
+def test_read_is_strongly_consistent(table: Table) -> None:
+    with Stubber(table.meta.client) as stub:
+        stub.add_response(
+            "get_item", {}, {"TableName": "offline", "Key": KEY, "ConsistentRead": True}
+        )
+        assert Lifecycle(table).read("slot-1") == Absent("slot-1")
+        stub.assert_no_pending_responses()
+
+
+def test_a_transition_is_one_conditional_update_returning_the_old_item_on_failure(
+    table: Table,
+) -> None:
+    record = record_in(State.SEEDED)
+    with Stubber(table.meta.client) as stub:
+        stub.add_response(
+            "update_item",
+            {},
+            {
+                "TableName": "offline",
+                "Key": KEY,
+                "UpdateExpression": ANY,
+                "ConditionExpression": ANY,
+                "ExpressionAttributeNames": ANY,
+                "ExpressionAttributeValues": ANY,
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            },
+        )
+        outcome = Lifecycle(table).reserve(
+            record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW
+        )
+        stub.assert_no_pending_responses()
+    assert isinstance(outcome, Written)
+    assert outcome.record.rev == record.rev + 1
+
+
+def test_a_failed_condition_becomes_a_conflict_carrying_the_old_item(table: Table) -> None:
+    winner = record_in(State.SEEDED)
+    old_item = {name: _serialize(value) for name, value in encode(winner).items()}
+    with Stubber(table.meta.client) as stub:
+        stub.add_client_error(
+            "put_item",
+            service_error_code="ConditionalCheckFailedException",
+            http_status_code=400,
+            response_meta={},
+            modeled_fields={"Item": old_item},
+        )
+        outcome = Lifecycle(table).birth(
+            "slot-1", owner=owner(), seed=seed(), origin=ORIGIN, now=NOW, idle_deadline=NOW + IDLE
+        )
+    assert outcome == Conflict(Supported(winner))
