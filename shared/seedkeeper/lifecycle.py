@@ -20,7 +20,7 @@ from botocore.exceptions import ClientError
 from seedkeeper import transitions
 from seedkeeper.errors import translate_client_error
 from seedkeeper.models import Incarnation, Origin, OwnerClaim, SeedIdentity
-from seedkeeper.opwindow import Actor, OpKind, OpRef
+from seedkeeper.opwindow import Actor, Operation, OpKind, OpRef
 from seedkeeper.record import (
     LIVE_STATES,
     SCHEMA,
@@ -46,7 +46,7 @@ _deserialize = TypeDeserializer().deserialize
 @dataclass(frozen=True)
 class Written:
     record: SlotRecord
-    change: Change
+    entry: Operation | None = None  # the operation the write reserved or settled
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class Lifecycle:
             )
         except ClientError as error:
             return self._conflict(slot, error)
-        return Written(change.record, change)
+        return Written(change.record, change.entry)
 
     def record_incarnation(
         self, record: SlotRecord, *, incarnation: Incarnation, launch: OpRef, now: int
@@ -175,8 +175,7 @@ class Lifecycle:
         touched = classify(slot, response["Attributes"])
         if not isinstance(touched, Supported):
             return Conflict(touched)
-        record = touched.record
-        return Written(record, Change(record))
+        return Written(touched.record)
 
     def fence(self, record: SlotRecord, *, now: int) -> Outcome:
         decision = transitions.fence(record, now=now)
@@ -224,30 +223,19 @@ class Lifecycle:
         condition = unchanged_since_read & supported
         if rule is not None:
             condition = condition & rule
-        before, after = encode(read), encode(decision.record)
-        changed = sorted(name for name in after if before.get(name) != after[name])
-        removed = sorted(name for name in before if name not in after)
-        names = {f"#a{index}": name for index, name in enumerate(changed + removed)}
-        placeholder = {name: key for key, name in names.items()}
-        clauses = []
-        if changed:
-            clauses.append(
-                "SET " + ", ".join(f"{placeholder[n]} = :a{i}" for i, n in enumerate(changed))
-            )
-        if removed:
-            clauses.append("REMOVE " + ", ".join(placeholder[name] for name in removed))
+        expression, names, values = _update_expression(encode(read), encode(decision.record))
         try:
             self._table.update_item(
                 Key=slot_key(read.slot),
-                UpdateExpression=" ".join(clauses),
+                UpdateExpression=expression,
                 ExpressionAttributeNames=names,
-                ExpressionAttributeValues={f":a{i}": after[n] for i, n in enumerate(changed)},
+                ExpressionAttributeValues=values,
                 ConditionExpression=condition,
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as error:
             return self._conflict(read.slot, error)
-        return Written(decision.record, decision)
+        return Written(decision.record, decision.entry)
 
     @staticmethod
     def _conflict(slot: str, error: ClientError) -> Conflict:
@@ -256,6 +244,24 @@ class Lifecycle:
         old: Mapping[str, Any] | None = error.response.get("Item")  # type: ignore[assignment]
         item = {name: _deserialize(value) for name, value in old.items()} if old else None
         return Conflict(classify(slot, item))
+
+
+def _update_expression(
+    before: dict[str, Any], after: dict[str, Any]
+) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """SET every attribute that changed, REMOVE every one that is gone; every name and
+    value through a placeholder."""
+    changed = [name for name in after if before.get(name) != after[name]]
+    removed = [name for name in before if name not in after]
+    names = {f"#a{index}": name for index, name in enumerate(changed + removed)}
+    values = {f":a{index}": after[name] for index, name in enumerate(changed)}
+    clauses = ["SET " + ", ".join(f"#a{index} = :a{index}" for index in range(len(changed)))]
+    if removed:
+        first = len(changed)
+        clauses.append(
+            "REMOVE " + ", ".join(f"#a{index}" for index in range(first, first + len(removed)))
+        )
+    return " ".join(clauses), names, values
 
 
 def _equals(name: str, value: OwnerClaim | SeedIdentity | str | None) -> ConditionBase:

@@ -96,8 +96,8 @@ def test_sixteen_reservations_in_one_window_never_share_an_ordinal(http_table: T
                 classified.record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW
             )
             if isinstance(outcome, Written):
-                assert outcome.change.entry is not None
-                return outcome.change.entry.ordinal
+                assert outcome.entry is not None
+                return outcome.entry.ordinal
             if isinstance(outcome, Refused):
                 return None
             assert isinstance(outcome, Conflict)
