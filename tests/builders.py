@@ -6,7 +6,7 @@ from typing import Any
 
 from seedkeeper import transitions
 from seedkeeper.models import OwnerClaim, SeedIdentity
-from seedkeeper.record import SeedFailed, SeedSucceeded, SlotRecord, State
+from seedkeeper.record import Checkpoint, SeedFailed, SeedSucceeded, SlotRecord, State
 
 ORIGIN = "https://git.example.com/acme/widgets.git"
 NOW = 1_800_000_000
@@ -96,3 +96,17 @@ def record_in(state: State, slot: str = "slot-1") -> SlotRecord:
             ).record
     assert record.state is state
     return record
+
+
+def checkpoint(**changes: Any) -> Checkpoint:
+    fields: dict[str, Any] = {
+        "key": "checkpoints/slot-1/1.sqsh",
+        "size": 1024,
+        "etag": '"abc"',
+        "sha256": "0" * 64,
+        "created_at": NOW,
+        "expires_at": NOW + 7 * 86_400,
+        "owner": owner(),
+        "incarnation": INCARNATION,
+    }
+    return Checkpoint.model_validate(fields | changes)

@@ -16,6 +16,7 @@ from builders import (
     INCARNATION,
     NOW,
     ORIGIN,
+    checkpoint,
     failure,
     owner,
     seed,
@@ -27,7 +28,6 @@ from seedkeeper.lifecycle import Conflict, Lifecycle, Outcome, Written
 from seedkeeper.opwindow import Actor, OpKind, OpRef, OpStatus
 from seedkeeper.record import (
     Absent,
-    Checkpoint,
     Malformed,
     SlotRecord,
     State,
@@ -102,20 +102,6 @@ def seeded(lifecycle: Lifecycle) -> SlotRecord:
 
 def closing(lifecycle: Lifecycle) -> SlotRecord:
     return written(lifecycle.fence(launched_cold(lifecycle), now=EXPIRED))
-
-
-def checkpoint(**changes: Any) -> Checkpoint:
-    fields: dict[str, Any] = {
-        "key": "checkpoints/slot-1/1.sqsh",
-        "size": 1024,
-        "etag": '"abc"',
-        "sha256": "0" * 64,
-        "created_at": NOW,
-        "expires_at": NOW + 7 * 86_400,
-        "owner": owner(),
-        "incarnation": INCARNATION,
-    }
-    return Checkpoint.model_validate(fields | changes)
 
 
 def with_upload(lifecycle: Lifecycle) -> SlotRecord:

@@ -13,6 +13,7 @@ from builders import (
     NOW,
     ORIGIN,
     changed,
+    checkpoint,
     failure,
     owner,
     record_in,
@@ -21,7 +22,7 @@ from builders import (
 )
 from seedkeeper import transitions
 from seedkeeper.opwindow import WINDOW_SIZE, Actor, OpKind, OpRef, OpStatus
-from seedkeeper.record import Checkpoint, SlotRecord, State
+from seedkeeper.record import SlotRecord, State
 from seedkeeper.transitions import Acknowledged, Change, Refused
 
 RESTORE = OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=1)
@@ -186,20 +187,6 @@ def test_retire_refuses_without_the_fence(state: State) -> None:
     assert isinstance(decision, Refused | Acknowledged)
     if state is State.RETIRED:
         assert isinstance(decision, Acknowledged)
-
-
-def checkpoint(**changes: object) -> Checkpoint:
-    fields: dict[str, object] = {
-        "key": "checkpoints/slot-1/1.sqsh",
-        "size": 1024,
-        "etag": '"abc"',
-        "sha256": "0" * 64,
-        "created_at": NOW,
-        "expires_at": NOW + 7 * 86_400,
-        "owner": owner(),
-        "incarnation": INCARNATION,
-    }
-    return Checkpoint.model_validate(fields | changes)
 
 
 def test_a_checkpoint_counts_only_for_its_owner_and_incarnation() -> None:
