@@ -1,28 +1,40 @@
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import boto3
 import pytest
 from moto import mock_aws
+from pydantic import SecretStr
 
+from seedkeeper.config import StoreSettings, snapshots
 from seedkeeper.infra import create_table, load_template
 from seedkeeper.lifecycle import Lifecycle
+from seedkeeper.local.motoserver import AtomicMotoServer
+from seedkeeper.r2 import R2, R2Settings
+from seedkeeper.rotation import Snapshots
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
 
 TABLE_NAME = "seedkeeper-test"
+FAKE_KEY = "testing"  # moto accepts any keys
 
 
 @pytest.fixture
 def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fake credentials, so nothing can ever reach a real account."""
+    """Fake credentials, so nothing can ever reach a real account; no R2 settings leak in."""
+    for name in os.environ:
+        if name.startswith("SEEDKEEPER_"):
+            monkeypatch.delenv(name)
     for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
+        "AWS_ACCESS_KEY_ID": FAKE_KEY,
+        "AWS_SECRET_ACCESS_KEY": FAKE_KEY,
+        "AWS_SESSION_TOKEN": FAKE_KEY,
         "AWS_DEFAULT_REGION": "us-east-1",
     }.items():
         monkeypatch.setenv(name, value)
@@ -39,3 +51,64 @@ def table(aws_credentials: None) -> Iterator[Table]:
 @pytest.fixture
 def lifecycle(table: Table) -> Lifecycle:
     return Lifecycle(table)
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """One moto server over HTTP for the session, standing in for DynamoDB and R2."""
+    server = AtomicMotoServer().start()
+    yield server.endpoint
+    server.stop()
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A fresh table and bucket on the moto server, and the settings that name them."""
+
+    endpoint: str
+    store: StoreSettings
+    r2_settings: R2Settings
+
+    @property
+    def table(self) -> Table:
+        return self.store.table_resource()
+
+    @property
+    def r2(self) -> R2:
+        return R2.from_settings(self.r2_settings)
+
+    @property
+    def snapshots(self) -> Snapshots:
+        return snapshots(self.store, self.r2_settings)
+
+    def environment(self) -> dict[str, str]:
+        return {
+            "SEEDKEEPER_TABLE": self.store.table,
+            "SEEDKEEPER_DYNAMODB_ENDPOINT": self.endpoint,
+            "SEEDKEEPER_R2_BUCKET": self.r2_settings.bucket or "",
+            "SEEDKEEPER_R2_ENDPOINT": self.endpoint,
+            "SEEDKEEPER_R2_ACCESS_KEY_ID": FAKE_KEY,
+            "SEEDKEEPER_R2_SECRET_ACCESS_KEY": FAKE_KEY,
+        }
+
+
+@pytest.fixture
+def stack(moto_endpoint: str, aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> Stack:
+    """Everything a function needs, named in the environment as a deployment names it."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    store = StoreSettings(table=name, dynamodb_endpoint=moto_endpoint)
+    create_table(boto3.client("dynamodb", endpoint_url=moto_endpoint), name, load_template())
+    r2_settings = R2Settings(
+        bucket=name,
+        endpoint=moto_endpoint,
+        access_key_id=SecretStr(FAKE_KEY),
+        secret_access_key=SecretStr(FAKE_KEY),
+    )
+    boto3.client("s3", endpoint_url=moto_endpoint, region_name="auto").create_bucket(
+        Bucket=name,
+        CreateBucketConfiguration={"LocationConstraint": "auto"},  # type: ignore[typeddict-item]
+    )
+    built = Stack(moto_endpoint, store, r2_settings)
+    for variable, value in built.environment().items():
+        monkeypatch.setenv(variable, value)
+    return built

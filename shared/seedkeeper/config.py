@@ -1,7 +1,9 @@
-"""Validated configuration, read from the environment when asked for, never at import."""
+"""Validated configuration, read from the environment when asked for, never at import;
+and the adapters it chooses, built once per distinct configuration."""
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING
 
 import boto3
@@ -9,6 +11,9 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from seedkeeper.lifecycle import Lifecycle
+from seedkeeper.r2 import R2, R2Settings, transfer_mode
+from seedkeeper.rotation import Snapshots
+from seedkeeper.snapshot_store import SnapshotStore
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -28,3 +33,17 @@ class StoreSettings(BaseSettings):
 
     def lifecycle(self) -> Lifecycle:
         return Lifecycle(self.table_resource())
+
+
+def r2_if_configured(settings: R2Settings) -> R2 | None:
+    """R2 when presigning is configured; otherwise None, and callers say what is missing."""
+    return R2.from_settings(settings) if transfer_mode(settings).mode == "presigned" else None
+
+
+@cache
+def snapshots(store: StoreSettings, r2: R2Settings) -> Snapshots:
+    return Snapshots(SnapshotStore(store.table_resource()), r2_if_configured(r2))
+
+
+def snapshots_from_env() -> Snapshots:
+    return snapshots(StoreSettings(), R2Settings())

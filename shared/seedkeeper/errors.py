@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 
 class SeedkeeperError(Exception):
@@ -15,6 +15,31 @@ class StoreUnavailable(SeedkeeperError):
 
 class StoreError(SeedkeeperError):
     """The store refused the request for a reason a retry will not fix."""
+
+
+class MalformedRecord(SeedkeeperError):
+    """A stored record fails validation: it is kept as it is, and nothing acts on it."""
+
+
+class ResourceNotFound(SeedkeeperError):
+    """Nothing is recorded for this resource."""
+
+
+class RotationConflict(SeedkeeperError):
+    """Another rotation or teardown of the same resource committed first."""
+
+
+class SnapshotRefused(SeedkeeperError):
+    """A snapshot that may not be recorded; `reason` is a reason token."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class PublishFailed(SeedkeeperError):
+    """Building, measuring or uploading an archive failed."""
 
 
 # By error code, never by message text.
@@ -35,3 +60,28 @@ def translate_client_error(error: ClientError) -> SeedkeeperError:
     if code in _TRANSIENT_CODES:
         return StoreUnavailable(code)
     return StoreError(code or "unknown")
+
+
+class R2Unconfigured(SeedkeeperError):
+    """R2 transfers are not configured; `missing` names the settings that are absent."""
+
+    def __init__(self, missing: tuple[str, ...]) -> None:
+        super().__init__(f"R2 is not configured: missing {', '.join(missing)}")
+        self.missing = missing
+
+
+class R2Unavailable(SeedkeeperError):
+    """R2 failed transiently or unexpectedly; `code` is its error code, never its message."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def translate_r2_error(error: ClientError | BotoCoreError) -> SeedkeeperError:
+    """An R2 failure the caller can act on. Absence is an answer, not an error: the adapter
+    handles a missing object before it gets here."""
+    if isinstance(error, ClientError):
+        return R2Unavailable(error.response.get("Error", {}).get("Code") or "unknown")
+    # A connection or protocol failure: its class is the code (its text may hold a URL).
+    return R2Unavailable(type(error).__name__)

@@ -7,7 +7,6 @@ can be handed to a lifecycle transition, so the other two are never rewritten.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
@@ -15,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
+from seedkeeper.items import validate_item
 from seedkeeper.models import (
     BackupId,
     BranchRef,
@@ -188,8 +188,6 @@ def classify(slot: str, item: dict[str, Any] | None) -> Classified:
 
 
 def decode(item: dict[str, Any]) -> SlotRecord:
-    """Validate an item strictly, as JSON: a number is never taken from a string, nor an
-    int from a fraction."""
     fields = dict(item)
     key, sk = fields.pop("PK", None), fields.pop("SK", None)
     if not isinstance(key, str) or not key.startswith(SLOT_PREFIX) or sk != LIFECYCLE_SK:
@@ -203,18 +201,12 @@ def decode(item: dict[str, Any]) -> SlotRecord:
         "next_ordinal": fields.pop("next_ordinal", None),
     }
     fields["slot"] = key.removeprefix(SLOT_PREFIX)
-    record = SlotRecord.model_validate_json(json.dumps(fields, default=_json_number))
+    record = validate_item(SlotRecord, fields)
     if open_ops != record.window.unsettled:
         raise ValueError("open_ops does not count the unsettled operations")
     if sweep != (None if record.state is State.RETIRED else SWEEP_PARTITION):
         raise ValueError("sweep does not match the state")
     return record
-
-
-def _json_number(value: object) -> int | float:
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    raise TypeError(f"{type(value).__name__} is not a record value")
 
 
 def _summarise(invalid: Exception) -> str:

@@ -1,0 +1,38 @@
+"""The rotation function: record, inspect and delete a resource's snapshots."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Annotated
+
+from aws_lambda_powertools.event_handler import Response
+from aws_lambda_powertools.event_handler.openapi.params import Path
+
+from seedkeeper.config import snapshots_from_env
+from seedkeeper.http import entrypoint, function_url_app, json_response
+from seedkeeper.models import ResourceName
+from seedkeeper.snapshots import NewSnapshot
+
+app = function_url_app()
+
+
+@app.post("/snapshots")
+def record(snapshot: NewSnapshot) -> Response[str]:
+    recorded = snapshots_from_env().record(snapshot)
+    return json_response(HTTPStatus.CREATED if recorded.rotated else HTTPStatus.OK, recorded)
+
+
+@app.get("/snapshots/<resource>")
+def status(resource: Annotated[ResourceName, Path()]) -> Response[str]:
+    return json_response(HTTPStatus.OK, snapshots_from_env().status(resource))
+
+
+@app.delete("/snapshots/<resource>")
+def delete(resource: Annotated[ResourceName, Path()]) -> Response[str]:
+    """200 once every object is gone; 503 while R2 still owes some (retry the DELETE)."""
+    payment = snapshots_from_env().delete(resource)
+    done = not payment.pending
+    return json_response(HTTPStatus.OK if done else HTTPStatus.SERVICE_UNAVAILABLE, payment)
+
+
+lambda_handler = entrypoint(app)

@@ -1,0 +1,149 @@
+"""Recording, inspecting and deleting a resource's snapshots: the records in DynamoDB,
+the archives in R2, and the ledger that keeps every owed deletion true until it is paid."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from seedkeeper.errors import ResourceNotFound, RotationConflict, SnapshotRefused
+from seedkeeper.models import Model
+from seedkeeper.r2 import R2, backup_key
+from seedkeeper.snapshot_store import Lost, SnapshotStore
+from seedkeeper.snapshots import (
+    Archive,
+    DepsEntry,
+    NewSnapshot,
+    Refused,
+    Resident,
+    SeedHandle,
+    Snapshot,
+    Unchanged,
+    plan_rotation,
+    plan_teardown,
+)
+
+
+def epoch_seconds() -> int:
+    return int(time.time())
+
+
+class Payment(Model):
+    """What one attempt to pay the ledger did."""
+
+    deleted: tuple[str, ...] = ()
+    pending: tuple[str, ...] = ()
+
+
+class Recorded(Model):
+    resource: str
+    rotated: bool
+    current: Snapshot
+    retired: Snapshot | None
+    payment: Payment
+
+
+class ObjectCounts(Model):
+    recorded: int
+    present: int | None  # None when R2 is not configured or did not answer
+
+
+class SnapshotStatus(Model):
+    resource: str
+    current: Snapshot | None
+    retired: Snapshot | None
+    seed_handle: SeedHandle | None
+    deps: tuple[DepsEntry, ...]
+    pending_deletions: tuple[str, ...]
+    objects: ObjectCounts
+
+
+class Snapshots:
+    def __init__(
+        self, store: SnapshotStore, r2: R2 | None, clock: Callable[[], int] = epoch_seconds
+    ) -> None:
+        self._store = store
+        self._r2 = r2
+        self._clock = clock
+
+    def record(self, new: NewSnapshot) -> Recorded:
+        """Record `new` as the current generation and rotate; then pay what is owed."""
+        resident = self._store.read(new.resource)
+        plan = plan_rotation(resident, new, now=self._clock())
+        if isinstance(plan, Refused):
+            raise SnapshotRefused(plan.reason, plan.detail)
+        if isinstance(plan, Unchanged):
+            return Recorded(
+                resource=new.resource,
+                rotated=False,
+                current=plan.current,
+                retired=resident.retired,
+                payment=self._pay(new.resource, resident.pending_ids),
+            )
+        committed = self._store.commit_rotation(plan)
+        if isinstance(committed, Lost):
+            if committed.why == "conflict":
+                raise RotationConflict(new.resource)
+            raise SnapshotRefused(committed.why, ", ".join(sorted(new.backup_ids)))
+        owed = resident.pending_ids | {debt.backup_id for debt in plan.garbage}
+        return Recorded(
+            resource=new.resource,
+            rotated=True,
+            current=plan.current,
+            retired=plan.retired,
+            payment=self._pay(new.resource, owed),
+        )
+
+    def status(self, resource: str) -> SnapshotStatus:
+        resident = self._resident(resource)
+        recorded = resident.recorded_ids
+        return SnapshotStatus(
+            resource=resource,
+            current=resident.current,
+            retired=resident.retired,
+            seed_handle=resident.seed_handle(),
+            deps=resident.deps,
+            pending_deletions=tuple(sorted(resident.pending_ids)),
+            objects=ObjectCounts(recorded=len(recorded), present=self._count_present(recorded)),
+        )
+
+    def delete(self, resource: str) -> Payment:
+        """Remove every record of `resource`; each object they named becomes a ledger debt
+        in the same transaction, and is then deleted. What R2 would not delete stays owed."""
+        resident = self._resident(resource)
+        teardown = plan_teardown(resident, now=self._clock())
+        if isinstance(self._store.commit_teardown(teardown), Lost):
+            raise RotationConflict(resource)
+        return self._pay(resource, resident.pending_ids | resident.recorded_ids)
+
+    def deps_archive(self, resource: str, lockfile_hash: str) -> Archive | None:
+        """The dependency archive already recorded for this lockfile, to reuse."""
+        entries = self._store.read(resource).deps
+        return next((e.archive for e in entries if e.lockfile_hash == lockfile_hash), None)
+
+    def pay_debts(self, resource: str) -> Payment:
+        """Retry the deletions a resource still owes (the idle sweep calls this)."""
+        return self._pay(resource, self._store.read(resource).pending_ids)
+
+    def _resident(self, resource: str) -> Resident:
+        resident = self._store.read(resource)
+        if not resident.exists:
+            raise ResourceNotFound(resource)
+        return resident
+
+    def _pay(self, resource: str, backup_ids: Iterable[str]) -> Payment:
+        owed = sorted(backup_ids)
+        if not owed or self._r2 is None:
+            return Payment(pending=tuple(owed))
+        keys = {backup_key(backup_id): backup_id for backup_id in owed}
+        report = self._r2.delete(list(keys))
+        deleted = sorted(keys[key] for key in report.deleted)
+        self._store.clear_debts(resource, deleted)
+        return Payment(
+            deleted=tuple(deleted), pending=tuple(sorted(keys[k] for k in report.failed))
+        )
+
+    def _count_present(self, backup_ids: Iterable[str]) -> int | None:
+        if self._r2 is None:
+            return None
+        return sum(self._r2.head(backup_key(backup_id)) is not None for backup_id in backup_ids)

@@ -1,0 +1,217 @@
+"""The resident snapshot records in DynamoDB: one Query reads a resource, one transaction
+writes a rotation or a teardown. Every write carries a condition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from boto3.dynamodb.conditions import Attr, ConditionBase, ConditionExpressionBuilder, Key
+from botocore.exceptions import ClientError
+from pydantic import BaseModel, ValidationError
+
+from seedkeeper.errors import MalformedRecord, translate_client_error
+from seedkeeper.items import validate_item
+from seedkeeper.snapshots import DepsEntry, PendingDeletion, Resident, Rotation, Snapshot, Teardown
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.service_resource import Table
+
+SCHEMA = 1
+RESIDENT_PREFIX = "RESIDENT#"
+CURRENT_SK = "SNAPSHOT#current"
+RETIRED_SK = "SNAPSHOT#retired"
+DEPS_PREFIX = "DEPS#"
+GARBAGE_PREFIX = "GARBAGE#"
+# DynamoDB's limit on the items of one transaction.
+TRANSACTION_ITEMS = 100
+
+Purpose = Literal["records", "pending-check"]
+
+
+@dataclass(frozen=True)
+class Committed:
+    pass
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The transaction's conditions failed: `why` is a reason token."""
+
+    why: Literal["conflict", "backup-id-pending-deletion"]
+
+
+class SnapshotStore:
+    def __init__(self, table: Table) -> None:
+        self._table = table
+
+    def read(self, resource: str) -> Resident:
+        """Every record of `resource`, strongly consistent, in one Query (paged only past
+        1 MB, which two generations and their ledger never reach)."""
+        items: list[dict[str, Any]] = []
+        query: dict[str, Any] = {
+            "KeyConditionExpression": Key("PK").eq(_pk(resource)),
+            "ConsistentRead": True,
+        }
+        try:
+            while True:
+                page = self._table.query(**query)
+                items.extend(page["Items"])
+                if "LastEvaluatedKey" not in page:
+                    break
+                query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        except ClientError as error:
+            raise translate_client_error(error) from error
+        return _resident(resource, items)
+
+    def commit_rotation(self, rotation: Rotation) -> Committed | Lost:
+        read, pk = rotation.read, _pk(rotation.current.resource)
+        operations: list[tuple[Purpose, dict[str, Any]]] = [
+            ("records", _put(pk, CURRENT_SK, rotation.current, _still(read.current))),
+        ]
+        if rotation.retired is not None:
+            operations.append(
+                ("records", _put(pk, RETIRED_SK, rotation.retired, _still(read.retired)))
+            )
+        if rotation.deps_put is not None:
+            newer_than_entry = Attr("SK").not_exists() | Attr("generation").lt(
+                rotation.deps_put.generation
+            )
+            operations.append(
+                (
+                    "records",
+                    _put(pk, _deps_sk(rotation.deps_put), rotation.deps_put, newer_than_entry),
+                )
+            )
+        for entry in rotation.deps_dropped:
+            operations.append(("records", _delete(pk, _deps_sk(entry), _still(entry))))
+        operations.extend(("records", _owe(pk, debt)) for debt in rotation.garbage)
+        # A new snapshot may not name an object the ledger is about to delete.
+        operations.extend(
+            ("pending-check", _check(pk, GARBAGE_PREFIX + backup_id, Attr("SK").not_exists()))
+            for backup_id in sorted(rotation.current.backup_ids)
+        )
+        return self._transact(operations)
+
+    def commit_teardown(self, teardown: Teardown) -> Committed | Lost:
+        """Remove every record; every object they named becomes a ledger debt."""
+        read = teardown.read
+        pk = _pk(read.resource)
+        operations: list[tuple[Purpose, dict[str, Any]]] = []
+        for sk, generation in ((CURRENT_SK, read.current), (RETIRED_SK, read.retired)):
+            if generation is not None:
+                operations.append(("records", _delete(pk, sk, _still(generation))))
+        operations.extend(("records", _delete(pk, _deps_sk(e), _still(e))) for e in read.deps)
+        operations.extend(("records", _owe(pk, debt)) for debt in teardown.garbage)
+        return self._transact(operations) if operations else Committed()
+
+    def clear_debts(self, resource: str, backup_ids: list[str]) -> None:
+        """Clear the ledger entries of objects now deleted. The condition only pins the
+        entry to its object, so a concurrent clearer (the sweep) never cancels this."""
+        pk = _pk(resource)
+        clears: list[tuple[Purpose, dict[str, Any]]] = [
+            ("records", _delete(pk, GARBAGE_PREFIX + i, _names_object(i))) for i in backup_ids
+        ]
+        for start in range(0, len(clears), TRANSACTION_ITEMS):
+            outcome = self._transact(clears[start : start + TRANSACTION_ITEMS])
+            if isinstance(outcome, Lost):
+                return  # left for the next payment: the debts stay recorded, nothing is lost
+
+    def _transact(self, operations: list[tuple[Purpose, dict[str, Any]]]) -> Committed | Lost:
+        table_name = self._table.name
+        items = [
+            {kind: {"TableName": table_name, **body}}
+            for _, operation in operations
+            for kind, body in operation.items()
+        ]
+        try:
+            self._table.meta.client.transact_write_items(TransactItems=items)  # type: ignore[arg-type]
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                raise translate_client_error(error) from error
+            reasons = error.response.get("CancellationReasons", [])
+            failed = [
+                purpose
+                for (purpose, _), reason in zip(operations, reasons, strict=False)
+                if reason.get("Code") == "ConditionalCheckFailed"
+            ]
+            if "pending-check" in failed and "records" not in failed:
+                return Lost("backup-id-pending-deletion")
+            if failed or any(r.get("Code") == "TransactionConflict" for r in reasons):
+                return Lost("conflict")
+            raise translate_client_error(error) from error
+        return Committed()
+
+
+def _pk(resource: str) -> str:
+    return RESIDENT_PREFIX + resource
+
+
+def _deps_sk(entry: DepsEntry) -> str:
+    return DEPS_PREFIX + entry.lockfile_hash
+
+
+def _still(recorded: Snapshot | DepsEntry | None) -> ConditionBase:
+    """The record is still the one read: a concurrent rotation or teardown loses."""
+    if recorded is None:
+        return Attr("SK").not_exists()
+    return Attr("generation").eq(recorded.generation)
+
+
+def _names_object(backup_id: str) -> ConditionBase:
+    return Attr("SK").not_exists() | Attr("backup_id").eq(backup_id)
+
+
+def _put(pk: str, sk: str, body: BaseModel, condition: ConditionBase) -> dict[str, Any]:
+    item = {"PK": pk, "SK": sk, "schema": SCHEMA, **body.model_dump(mode="json", exclude_none=True)}
+    return {"Put": {"Item": item, **_expression(condition)}}
+
+
+def _owe(pk: str, debt: PendingDeletion) -> dict[str, Any]:
+    return _put(pk, GARBAGE_PREFIX + debt.backup_id, debt, Attr("SK").not_exists())
+
+
+def _delete(pk: str, sk: str, condition: ConditionBase) -> dict[str, Any]:
+    return {"Delete": {"Key": {"PK": pk, "SK": sk}, **_expression(condition)}}
+
+
+def _check(pk: str, sk: str, condition: ConditionBase) -> dict[str, Any]:
+    return {"ConditionCheck": {"Key": {"PK": pk, "SK": sk}, **_expression(condition)}}
+
+
+def _expression(condition: ConditionBase) -> dict[str, Any]:
+    """Transactions take each item's condition as its own expression: boto3 only builds
+    them for single-item calls."""
+    built = ConditionExpressionBuilder().build_expression(condition)
+    expression: dict[str, Any] = {
+        "ConditionExpression": built.condition_expression,
+        "ExpressionAttributeNames": built.attribute_name_placeholders,
+    }
+    if built.attribute_value_placeholders:
+        expression["ExpressionAttributeValues"] = built.attribute_value_placeholders
+    return expression
+
+
+def _resident(resource: str, items: list[dict[str, Any]]) -> Resident:
+    current = retired = None
+    deps: list[DepsEntry] = []
+    pending: list[PendingDeletion] = []
+    for item in items:
+        fields = {k: v for k, v in item.items() if k not in {"PK", "SK", "schema"}}
+        sk = item["SK"]
+        try:
+            if item.get("schema") != SCHEMA:
+                raise MalformedRecord(f"{resource} {sk}: schema {item.get('schema')!r}")
+            if sk == CURRENT_SK:
+                current = validate_item(Snapshot, fields)
+            elif sk == RETIRED_SK:
+                retired = validate_item(Snapshot, fields)
+            elif sk.startswith(DEPS_PREFIX):
+                deps.append(validate_item(DepsEntry, fields))
+            elif sk.startswith(GARBAGE_PREFIX):
+                pending.append(validate_item(PendingDeletion, fields))
+            else:
+                raise MalformedRecord(f"{resource}: unknown record {sk}")
+        except ValidationError as invalid:
+            raise MalformedRecord(f"{resource} {sk}: {invalid.errors()[0]['msg']}") from invalid
+    return Resident(resource, current, retired, tuple(deps), tuple(pending))

@@ -1,0 +1,182 @@
+"""Publishing a real git repository: mksquashfs, upload to moto-as-R2, record, then read
+the archive back with unsquashfs and find the very same tree and repository."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import Stack
+from seedkeeper.errors import PublishFailed
+from seedkeeper.publish import publish
+from seedkeeper.r2 import backup_key
+from seedkeeper.snapshot_store import SnapshotStore
+
+SEEDKEEPER = str(Path(sys.executable).with_name("seedkeeper"))
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def make_repository(root: Path) -> Path:
+    """Commits, a symlink, an executable, an empty directory, an ignored file, and work
+    that is not committed: a checkout as a resident holds it."""
+    repo = root / "widgets"
+    repo.mkdir()
+    git(repo, "init", "--quiet", "--initial-branch=main")
+    git(repo, "config", "user.email", "resident@example.com")
+    git(repo, "config", "user.name", "Resident")
+    (repo / "README.md").write_text("# widgets\n")
+    (repo / "src").mkdir()
+    tool = repo / "src" / "tool.sh"
+    tool.write_text("#!/bin/sh\necho widget\n")
+    tool.chmod(0o755)
+    (repo / "docs").symlink_to("README.md")
+    (repo / ".gitignore").write_text("build/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "--quiet", "-m", "first")
+    (repo / "src" / "lib.py").write_text("VALUE = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "--quiet", "-m", "second")
+    (repo / "empty").mkdir()
+    (repo / "build").mkdir()
+    (repo / "build" / "artifact.bin").write_bytes(os.urandom(4096))
+    (repo / "src" / "lib.py").write_text("VALUE = 2  # not committed yet\n")
+    return repo
+
+
+def tree(root: Path) -> dict[str, tuple[str, int, str]]:
+    """Every entry under root: type, permission bits, and content or link target."""
+    entries: dict[str, tuple[str, int, str]] = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        relative = str(path.relative_to(root))
+        if stat.S_ISLNK(info.st_mode):
+            entries[relative] = ("link", 0, os.readlink(path))
+        elif stat.S_ISDIR(info.st_mode):
+            entries[relative] = ("dir", stat.S_IMODE(info.st_mode), "")
+        else:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            entries[relative] = ("file", stat.S_IMODE(info.st_mode), digest)
+    return entries
+
+
+def fetch(url: str, target: Path) -> None:
+    assert url.startswith("http://127.0.0.1:")
+    with urllib.request.urlopen(url, timeout=60) as response:  # noqa: S310 - loopback only
+        target.write_bytes(response.read())
+
+
+def test_a_published_repository_reads_back_identical(stack: Stack, tmp_path: Path) -> None:
+    repo = make_repository(tmp_path)
+    deps = tmp_path / "node_modules"
+    (deps / "left-pad").mkdir(parents=True)
+    (deps / "left-pad" / "index.js").write_text("module.exports = 1\n")
+    seen: dict[str, int] = {}
+
+    recorded = publish(
+        resource="widgets",
+        checkout=repo,
+        snapshots=stack.snapshots,
+        r2=stack.r2,
+        deps=deps,
+        lockfile_hash="lock-1",
+        progress=lambda label, done, total: seen.__setitem__(label, done),
+    )
+
+    current = recorded.current
+    assert (current.ref, current.sha) == ("main", git(repo, "rev-parse", "HEAD"))
+    assert current.deps is not None
+    assert seen == {
+        current.checkout.backup_id: current.checkout.size,
+        current.deps.backup_id: current.deps.size,
+    }
+    archive = tmp_path / "checkout.sqsh"
+    fetch(stack.r2.presign_get(backup_key(current.checkout.backup_id), 60), archive)
+    assert archive.stat().st_size == current.checkout.size
+    assert hashlib.sha256(archive.read_bytes()).hexdigest() == current.checkout.sha256
+
+    restored = tmp_path / "restored"
+    subprocess.run(["unsquashfs", "-q", "-n", "-d", str(restored), str(archive)], check=True)
+    assert tree(restored) == tree(repo)
+    assert (restored / "empty").is_dir()
+    assert (restored / "build" / "artifact.bin").exists()  # nothing excluded by ignore rules
+    git(restored, "fsck", "--full", "--strict")
+    assert git(restored, "rev-parse", "HEAD") == current.sha
+    assert git(restored, "status", "--porcelain") == git(repo, "status", "--porcelain")
+
+
+def test_a_deps_archive_recorded_for_the_lockfile_is_reused(stack: Stack, tmp_path: Path) -> None:
+    repo = make_repository(tmp_path)
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    (deps / "pkg.txt").write_text("pinned\n")
+    first = publish(
+        resource="widgets",
+        checkout=repo,
+        snapshots=stack.snapshots,
+        r2=stack.r2,
+        deps=deps,
+        lockfile_hash="lock-1",
+    )
+    (repo / "src" / "more.py").write_text("x = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "--quiet", "-m", "third")
+    second = publish(
+        resource="widgets",
+        checkout=repo,
+        snapshots=stack.snapshots,
+        r2=stack.r2,
+        deps=deps,
+        lockfile_hash="lock-1",
+    )
+    assert second.current.deps == first.current.deps
+    assert second.current.checkout != first.current.checkout
+    assert second.retired == first.current
+
+
+def test_publishing_something_that_is_not_a_repository_fails_clearly(
+    stack: Stack, tmp_path: Path
+) -> None:
+    with pytest.raises(PublishFailed, match="git -C"):
+        publish(resource="widgets", checkout=tmp_path, snapshots=stack.snapshots, r2=stack.r2)
+    assert not SnapshotStore(stack.table).read("widgets").exists
+
+
+def test_publish_and_inspect_from_the_command_line(stack: Stack, tmp_path: Path) -> None:
+    repo = make_repository(tmp_path)
+    env = os.environ | {"COLUMNS": "250"}
+
+    def seedkeeper(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [SEEDKEEPER, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    published = seedkeeper("publish", "--resource", "widgets", "--checkout", str(repo))
+    assert published.returncode == 0, published.stdout + published.stderr
+    assert "rotated" in published.stdout
+    sha = git(repo, "rev-parse", "HEAD")
+    shown = seedkeeper("snapshots", "show", "widgets")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert f"#1 main {sha[:12]}" in shown.stdout
+    assert "1 recorded, 1 present in R2" in shown.stdout
+
+    bad = seedkeeper("publish", "--resource", "../widgets", "--checkout", str(repo))
+    assert bad.returncode == 2
+    assert "resource" in bad.stderr
+
+    deleted = seedkeeper("snapshots", "delete", "widgets")
+    assert deleted.returncode == 0, deleted.stdout
+    missing = seedkeeper("snapshots", "show", "widgets")
+    assert missing.returncode == 1
+    assert "ResourceNotFound" in missing.stdout

@@ -1,0 +1,289 @@
+"""Snapshots end to end against moto over HTTP (DynamoDB, and S3 standing in for R2):
+rotation, the deletion ledger with injected R2 failures, races and teardown."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import Stack
+from seedkeeper.errors import ResourceNotFound, SnapshotRefused
+from seedkeeper.r2 import R2, backup_key
+from seedkeeper.rotation import Snapshots
+from seedkeeper.snapshot_store import Committed, Lost, SnapshotStore
+from seedkeeper.snapshots import (
+    Archive,
+    NewSnapshot,
+    Resident,
+    Rotation,
+    plan_rotation,
+    plan_teardown,
+)
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+NOW = 1_800_000_000
+_ids = itertools.count()
+
+
+class DeleteFaults:
+    """Makes R2 refuse to delete chosen keys, inside the real client's request path."""
+
+    def __init__(self, client: S3Client) -> None:
+        self.failing: set[str] = set()
+        client.meta.events.register("before-parameter-build.s3.DeleteObjects", self._batch)
+        client.meta.events.register("before-parameter-build.s3.DeleteObject", self._single)
+
+    def _batch(self, params: dict[str, Any], **_: Any) -> None:
+        if {entry["Key"] for entry in params["Delete"]["Objects"]} & self.failing:
+            raise ClientError({"Error": {"Code": "InternalError"}}, "DeleteObjects")
+
+    def _single(self, params: dict[str, Any], **_: Any) -> None:
+        if params["Key"] in self.failing:
+            raise ClientError({"Error": {"Code": "InternalError"}}, "DeleteObject")
+
+
+class World:
+    """The service under test, its raw bucket view, and fault injection."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.resource = f"acme-{next(_ids)}"  # hypothesis examples share one table
+        self.s3 = boto3.client("s3", endpoint_url=stack.endpoint, region_name="auto")
+        self.bucket = stack.r2_settings.bucket or ""
+        self.faults = DeleteFaults(self.s3)
+        self.store = SnapshotStore(stack.table)
+        self.snapshots = Snapshots(self.store, R2(self.s3, self.bucket), clock=lambda: NOW)
+
+    def archive(self, kind: str) -> Archive:
+        backup_id = f"{self.resource}-{kind}-{next(_ids)}"
+        body = backup_id.encode() * 7
+        self.s3.put_object(Bucket=self.bucket, Key=backup_key(backup_id), Body=body)
+        return Archive(backup_id=backup_id, size=len(body), sha256=hashlib.sha256(body).hexdigest())
+
+    def snapshot(self, lockfile: str | None = None) -> NewSnapshot:
+        n = next(_ids)
+        return NewSnapshot(
+            resource=self.resource,
+            ref="main",
+            sha=f"{n:040x}",
+            created_at=NOW + n,
+            checkout=self.archive("checkout"),
+            deps=self.archive("deps") if lockfile else None,
+            lockfile_hash=lockfile,
+        )
+
+    def objects(self) -> set[str]:
+        listed = self.s3.list_objects_v2(Bucket=self.bucket).get("Contents", [])
+        return {entry["Key"].removeprefix("backups/").removesuffix(".sqsh") for entry in listed}
+
+    def resident(self) -> Resident:
+        return self.store.read(self.resource)
+
+
+@pytest.fixture
+def world(stack: Stack) -> World:
+    return World(stack)
+
+
+def check_invariants(world: World, ever_recorded: set[str]) -> None:
+    resident = world.resident()
+    objects = world.objects()
+    recorded = resident.recorded_ids
+    assert recorded <= objects, "an object a record names was deleted"
+    assert not recorded & resident.pending_ids, "a recorded object is owed deletion"
+    for backup_id in ever_recorded - recorded:
+        assert backup_id not in objects or backup_id in resident.pending_ids, (
+            f"{backup_id} left the records but is neither deleted nor owed"
+        )
+    generations = [g for g in (resident.current, resident.retired) if g is not None]
+    assert len(generations) <= 2
+    if len(generations) == 2:
+        assert resident.current is not None
+        assert resident.retired is not None
+        assert resident.current.generation == resident.retired.generation + 1
+
+
+def test_a_sequence_of_rotations_keeps_two_generations_and_pays_the_rest(world: World) -> None:
+    ever: set[str] = set()
+    handle = None
+    for n in range(6):
+        new = world.snapshot(lockfile=f"lock-{n % 2}")
+        ever |= new.backup_ids
+        recorded = world.snapshots.record(new)
+        assert recorded.rotated
+        assert recorded.current.generation == n + 1
+        if handle is not None:  # a handle read from status before this rotation
+            resident = world.resident()
+            assert resident.generation_naming(handle.checkout_backup_id) is not None
+            assert handle.deps_backup_id in resident.recorded_ids
+            assert handle.checkout_backup_id in world.objects()
+        handle = world.snapshots.status(world.resource).seed_handle
+        check_invariants(world, ever)
+    assert world.resident().pending == ()
+    assert len(world.objects()) == 4
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    steps=st.lists(
+        st.one_of(
+            st.tuples(st.just("rotate"), st.sampled_from([None, "lock-a", "lock-b"])),
+            st.tuples(st.just("fail"), st.integers(0, 5)),
+            st.tuples(st.just("heal"), st.none()),
+            st.tuples(st.just("pay"), st.none()),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_rotations_with_failing_deletions_never_lose_a_generation_or_a_debt(
+    stack: Stack, steps: list[tuple[str, Any]]
+) -> None:
+    world = World(stack)
+    ever: set[str] = set()
+    for action, argument in steps:
+        if action == "rotate":
+            new = world.snapshot(lockfile=argument)
+            ever |= new.backup_ids
+            world.snapshots.record(new)
+        elif action == "fail":
+            candidates = sorted(ever)
+            if candidates:
+                world.faults.failing.add(backup_key(candidates[argument % len(candidates)]))
+        elif action == "heal":
+            world.faults.failing.clear()
+        else:
+            world.snapshots.pay_debts(world.resource)
+        check_invariants(world, ever)
+    world.faults.failing.clear()
+    world.snapshots.pay_debts(world.resource)
+    assert world.resident().pending == ()
+    assert world.objects() & ever == world.resident().recorded_ids
+    if world.resident().exists:
+        world.snapshots.delete(world.resource)
+    assert not world.objects() & ever
+
+
+def test_a_debt_that_failed_is_paid_by_the_next_rotation(world: World) -> None:
+    first = world.snapshot()
+    for new in (first, world.snapshot()):
+        world.snapshots.record(new)
+    world.faults.failing.add(backup_key(first.checkout.backup_id))
+    third = world.snapshots.record(world.snapshot())
+    assert third.payment.pending == (first.checkout.backup_id,)
+    assert first.checkout.backup_id in world.objects()
+    assert world.resident().pending_ids == {first.checkout.backup_id}
+    world.faults.failing.clear()
+    fourth = world.snapshots.record(world.snapshot())
+    assert first.checkout.backup_id in fourth.payment.deleted
+    assert first.checkout.backup_id not in world.objects()
+
+
+def test_two_concurrent_rotations_exactly_one_commits(world: World) -> None:
+    world.snapshots.record(world.snapshot())
+    read = world.resident()
+    plans = [plan_rotation(read, world.snapshot(), now=NOW) for _ in range(2)]
+    barrier = threading.Barrier(2)
+
+    def commit(plan: object) -> Committed | Lost:
+        assert isinstance(plan, Rotation)
+        barrier.wait()
+        return world.store.commit_rotation(plan)
+
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(commit, plans))
+    assert sorted(type(outcome).__name__ for outcome in outcomes) == ["Committed", "Lost"]
+    resident = world.resident()
+    assert resident.current is not None
+    assert resident.current.generation == 2
+    winner = plans[outcomes.index(Committed())]
+    assert isinstance(winner, Rotation)
+    assert resident.current == winner.current
+    assert resident.retired == read.current
+
+
+def test_a_rotation_that_read_before_another_committed_gets_a_conflict(world: World) -> None:
+    world.snapshots.record(world.snapshot())
+    stale = world.resident()
+    world.snapshots.record(world.snapshot())
+    plan = plan_rotation(stale, world.snapshot(), now=NOW)
+    assert isinstance(plan, Rotation)
+    before = world.resident()
+    assert world.store.commit_rotation(plan) == Lost("conflict")
+    assert world.resident() == before
+
+
+def test_recording_the_same_snapshot_again_rotates_nothing(world: World) -> None:
+    new = world.snapshot()
+    first = world.snapshots.record(new)
+    again = world.snapshots.record(new)
+    assert first.rotated
+    assert not again.rotated
+    assert again.current == first.current
+
+
+def test_an_object_owed_deletion_cannot_be_recorded_again(world: World) -> None:
+    first = world.snapshot()
+    world.snapshots.record(first)
+    world.snapshots.record(world.snapshot())
+    world.faults.failing.add(backup_key(first.checkout.backup_id))
+    world.snapshots.record(world.snapshot())
+    revived = world.snapshot().model_copy(update={"checkout": first.checkout})
+    with pytest.raises(SnapshotRefused, match="backup-id-pending-deletion"):
+        world.snapshots.record(revived)
+
+
+def test_delete_leaves_no_object_and_no_record(world: World) -> None:
+    ever: set[str] = set()
+    for lockfile in ("lock-a", None, "lock-b"):
+        new = world.snapshot(lockfile=lockfile)
+        ever |= new.backup_ids
+        world.snapshots.record(new)
+    recorded = world.resident().recorded_ids
+    payment = world.snapshots.delete(world.resource)
+    assert payment.pending == ()
+    assert set(payment.deleted) == recorded
+    assert not world.objects() & ever
+    assert not world.resident().exists
+    with pytest.raises(ResourceNotFound):
+        world.snapshots.status(world.resource)
+    with pytest.raises(ResourceNotFound):
+        world.snapshots.delete(world.resource)
+
+
+def test_a_delete_r2_refuses_keeps_the_debt_until_a_retry_pays_it(world: World) -> None:
+    new = world.snapshot()
+    world.snapshots.record(new)
+    world.faults.failing.add(backup_key(new.checkout.backup_id))
+    partial = world.snapshots.delete(world.resource)
+    assert partial.pending == (new.checkout.backup_id,)
+    resident = world.resident()
+    assert resident.current is None
+    assert resident.pending_ids == {new.checkout.backup_id}
+    world.faults.failing.clear()
+    assert world.snapshots.delete(world.resource).deleted == (new.checkout.backup_id,)
+    assert not world.resident().exists
+
+
+def test_a_delete_racing_a_rotation_loses_cleanly(world: World) -> None:
+    world.snapshots.record(world.snapshot())
+    stale = world.resident()
+    world.snapshots.record(world.snapshot())
+    before = world.resident()
+    assert world.store.commit_teardown(plan_teardown(stale, now=NOW)) == Lost("conflict")
+    assert world.resident() == before
