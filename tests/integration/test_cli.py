@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import uuid
 from pathlib import Path
 
 import boto3
@@ -13,19 +13,16 @@ import pytest
 
 from builders import IDLE, NOW, ORIGIN, owner, seed
 from seedkeeper.lifecycle import Lifecycle, Written
-from seedkeeper.local.motoserver import AtomicMotoServer
 
 SEEDKEEPER = str(Path(sys.executable).with_name("seedkeeper"))
 
 
 @pytest.fixture
-def store_env(aws_credentials: None) -> Iterator[dict[str, str]]:
-    server = AtomicMotoServer().start()
-    yield os.environ | {
-        "SEEDKEEPER_TABLE": "cli-table",
-        "SEEDKEEPER_DYNAMODB_ENDPOINT": server.endpoint,
+def store_env(moto_endpoint: str, aws_credentials: None) -> dict[str, str]:
+    return os.environ | {
+        "SEEDKEEPER_TABLE": f"cli-{uuid.uuid4().hex[:8]}",
+        "SEEDKEEPER_DYNAMODB_ENDPOINT": moto_endpoint,
     }
-    server.stop()
 
 
 def seedkeeper(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -42,14 +39,14 @@ def seedkeeper(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[s
 def test_table_create_then_show_a_slot(store_env: dict[str, str]) -> None:
     created = seedkeeper("table-create", env=store_env)
     assert created.returncode == 0, created.stderr
-    assert "created table cli-table" in created.stdout
+    assert f"created table {store_env['SEEDKEEPER_TABLE']}" in created.stdout
 
     absent = seedkeeper("slot", "slot-1", env=store_env)
     assert absent.returncode == 1
     assert "absent" in absent.stdout
 
     table = boto3.resource("dynamodb", endpoint_url=store_env["SEEDKEEPER_DYNAMODB_ENDPOINT"])
-    born = Lifecycle(table.Table("cli-table")).birth(
+    born = Lifecycle(table.Table(store_env["SEEDKEEPER_TABLE"])).birth(
         "slot-1", owner=owner(), seed=seed(), origin=ORIGIN, now=NOW, idle_deadline=NOW + IDLE
     )
     assert isinstance(born, Written)

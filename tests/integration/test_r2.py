@@ -19,7 +19,6 @@ from aws_lambda_powertools.utilities import parameters
 from pydantic import SecretStr
 
 from seedkeeper import r2 as r2_module
-from seedkeeper.local.motoserver import AtomicMotoServer
 from seedkeeper.r2 import R2, DeleteReport, R2Settings, backup_key
 
 if TYPE_CHECKING:
@@ -30,11 +29,9 @@ MIB = 1024 * 1024
 FAKE_KEY = "testing"  # moto accepts any keys
 
 
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    server = AtomicMotoServer().start()
-    yield server.endpoint
-    server.stop()
+@pytest.fixture
+def endpoint(moto_endpoint: str) -> str:
+    return moto_endpoint
 
 
 @pytest.fixture(autouse=True)

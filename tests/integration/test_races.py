@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar
 
@@ -14,7 +14,6 @@ from botocore.config import Config
 from builders import IDLE, NOW, ORIGIN, owner, seed
 from seedkeeper.infra import create_table, load_template
 from seedkeeper.lifecycle import Conflict, Lifecycle, Written
-from seedkeeper.local.motoserver import AtomicMotoServer
 from seedkeeper.opwindow import WINDOW_SIZE, Actor, OpKind, OpRef
 from seedkeeper.record import Supported
 from seedkeeper.transitions import Refused
@@ -26,21 +25,14 @@ THREADS = 16
 T = TypeVar("T")
 
 
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    server = AtomicMotoServer().start()
-    yield server.endpoint
-    server.stop()
-
-
 @pytest.fixture
-def http_table(endpoint: str, aws_credentials: None) -> Table:
+def http_table(moto_endpoint: str, aws_credentials: None) -> Table:
     name = f"race-{threading.get_ident()}-{id(object())}"
     config = Config(max_pool_connections=THREADS * 2, retries={"mode": "standard"})
     create_table(
-        boto3.client("dynamodb", endpoint_url=endpoint, config=config), name, load_template()
+        boto3.client("dynamodb", endpoint_url=moto_endpoint, config=config), name, load_template()
     )
-    return boto3.resource("dynamodb", endpoint_url=endpoint, config=config).Table(name)
+    return boto3.resource("dynamodb", endpoint_url=moto_endpoint, config=config).Table(name)
 
 
 def all_at_once(work: Callable[[int], T]) -> list[T]:

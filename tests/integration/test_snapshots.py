@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +62,8 @@ class World:
         self.s3 = boto3.client("s3", endpoint_url=stack.endpoint, region_name="auto")
         self.bucket = stack.r2_settings.bucket or ""
         self.faults = DeleteFaults(self.s3)
-        self.store = SnapshotStore(stack.table)
+        self.store_table = stack.table
+        self.store = SnapshotStore(self.store_table)
         self.snapshots = Snapshots(self.store, R2(self.s3, self.bucket), clock=lambda: NOW)
 
     def archive(self, kind: str) -> Archive:
@@ -287,3 +289,25 @@ def test_a_delete_racing_a_rotation_loses_cleanly(world: World) -> None:
     before = world.resident()
     assert world.store.commit_teardown(plan_teardown(stale, now=NOW)) == Lost("conflict")
     assert world.resident() == before
+
+
+def test_one_rotation_costs_one_query_one_transaction_and_one_delete_batch(world: World) -> None:
+    for _ in range(2):
+        world.snapshots.record(world.snapshot(lockfile="lock"))
+    third = world.snapshot(lockfile="other-lock")
+    calls: Counter[str] = Counter()
+
+    def count(event_name: str, **_: object) -> None:
+        calls[event_name.removeprefix("before-call.")] += 1
+
+    world.store_table.meta.client.meta.events.register("before-call.dynamodb", count)
+    world.s3.meta.events.register("before-call.s3", count)
+    recorded = world.snapshots.record(third)
+    assert len(recorded.payment.deleted) == 2
+    assert calls == Counter(
+        {
+            "dynamodb.Query": 1,  # the resource, strongly consistent
+            "dynamodb.TransactWriteItems": 2,  # the rotation; then the paid debts cleared
+            "s3.DeleteObjects": 1,  # the owed objects, in one batch
+        }
+    )
