@@ -91,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("resource", type=_valid(ResourceName))
         sub.set_defaults(run=run)
 
+    bucket = commands.add_parser("r2-bucket-create", help="create the R2 bucket if it is missing")
+    bucket.set_defaults(run=_create_bucket)
+
     lifecycle = commands.add_parser(
         "r2-lifecycle", help="the bucket's retention backstop (backups/ expire after 365 days)"
     )
@@ -173,6 +176,12 @@ def _delete_snapshots(args: argparse.Namespace) -> int:
     payment = snapshots(_store(args), R2Settings()).delete(args.resource)
     console.print(_payment(payment))
     return 0 if not payment.pending else 1
+
+
+def _create_bucket(args: argparse.Namespace) -> int:
+    created = _r2().create_bucket()
+    console.print("created the bucket" if created else "the bucket already exists")
+    return 0
 
 
 def _r2_lifecycle(args: argparse.Namespace) -> int:

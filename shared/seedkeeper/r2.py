@@ -315,6 +315,21 @@ class R2:
             raise R2Unavailable("UploadNotVisible")
         return facts
 
+    def create_bucket(self) -> bool:
+        """Create the bucket (R2's location is "auto"); False if it was already ours."""
+        try:
+            self._s3.create_bucket(
+                Bucket=self._bucket,
+                CreateBucketConfiguration={"LocationConstraint": "auto"},  # type: ignore[typeddict-item]
+            )
+        except ClientError as error:
+            if _code(error) == "BucketAlreadyOwnedByYou":
+                return False
+            raise translate_r2_error(error) from error
+        except BotoCoreError as error:
+            raise translate_r2_error(error) from error
+        return True
+
     def lifecycle_problems(self) -> list[str]:
         """What keeps the bucket's lifecycle from being the retention backstop; [] if nothing."""
         found = {rule.get("ID"): rule for rule in self._lifecycle_rules()}

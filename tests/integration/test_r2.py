@@ -222,3 +222,11 @@ def test_from_settings_reads_the_keys_from_secrets_manager(
     assert "X-Amz-Credential=AKIDFROMSECRET%2F" in url
     assert r2.upload("backups/small.sqsh", small).size == 8
     assert fetch(url)[:2] == (200, b"squashfs")
+
+
+def test_create_bucket_is_idempotent(endpoint: str, r2: R2, s3: S3Client) -> None:
+    assert r2.create_bucket() is False  # the fixture's bucket exists already
+    fresh = R2(s3, f"r2-{uuid.uuid4().hex[:12]}")
+    assert fresh.create_bucket() is True
+    assert fresh.create_bucket() is False
+    assert fresh.head(backup_key("absent")) is None
