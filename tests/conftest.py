@@ -25,12 +25,17 @@ TABLE_NAME = "seedkeeper-test"
 FAKE_KEY = "testing"  # moto accepts any keys
 
 
-@pytest.fixture
-def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fake credentials, so nothing can ever reach a real account; no R2 settings leak in."""
+@pytest.fixture(autouse=True)
+def isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings read the environment: a developer's SEEDKEEPER_* never leaks into a test."""
     for name in os.environ:
         if name.startswith("SEEDKEEPER_"):
             monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake credentials, so nothing can ever reach a real account."""
     for name, value in {
         "AWS_ACCESS_KEY_ID": FAKE_KEY,
         "AWS_SECRET_ACCESS_KEY": FAKE_KEY,

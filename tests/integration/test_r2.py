@@ -34,13 +34,6 @@ def endpoint(moto_endpoint: str) -> str:
     return moto_endpoint
 
 
-@pytest.fixture(autouse=True)
-def no_r2_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in os.environ:
-        if name.startswith("SEEDKEEPER_R2_"):
-            monkeypatch.delenv(name)
-
-
 @pytest.fixture
 def s3(endpoint: str) -> S3Client:
     return r2_module._s3_client(endpoint, SecretStr(FAKE_KEY), SecretStr(FAKE_KEY))

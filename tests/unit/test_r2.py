@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import itertools
-import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlsplit
@@ -44,14 +43,6 @@ ACCESS_KEY = "AKIDR2EXAMPLEKEY"
 SECRET_KEY = "r2-secret-access-key-example"  # noqa: S105 - a fake
 SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:r2-keys-AbCdEf"  # noqa: S105 - a name
 KEY = "backups/snap-1.sqsh"
-
-
-@pytest.fixture(autouse=True)
-def no_r2_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Settings read the environment: a developer's SEEDKEEPER_R2_* must not leak in."""
-    for name in os.environ:
-        if name.startswith("SEEDKEEPER_R2_"):
-            monkeypatch.delenv(name)
 
 
 @pytest.fixture
