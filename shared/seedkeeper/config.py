@@ -10,9 +10,12 @@ import boto3
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from seedkeeper.clock import epoch_seconds
 from seedkeeper.lifecycle import Lifecycle
 from seedkeeper.r2 import R2, R2Settings, transfer_mode
 from seedkeeper.rotation import Snapshots
+from seedkeeper.runtime import RuntimeSettings, runtime_from
+from seedkeeper.seeding import SeedService, SeedSettings
 from seedkeeper.snapshot_store import SnapshotStore
 
 if TYPE_CHECKING:
@@ -47,3 +50,23 @@ def snapshots(store: StoreSettings, r2: R2Settings) -> Snapshots:
 
 def snapshots_from_env() -> Snapshots:
     return snapshots(StoreSettings(), R2Settings())
+
+
+@cache
+def seed_service(
+    store: StoreSettings, r2: R2Settings, runtime: RuntimeSettings, seed: SeedSettings
+) -> SeedService:
+    table = store.table_resource()
+    return SeedService(
+        lifecycle=Lifecycle(table),
+        snapshots=SnapshotStore(table),
+        r2=r2_if_configured(r2),
+        runtime=runtime_from(runtime),
+        settings=seed,
+        presign_expiry=r2.presign_expiry,
+        clock=epoch_seconds,
+    )
+
+
+def seed_service_from_env() -> SeedService:
+    return seed_service(StoreSettings(), R2Settings(), RuntimeSettings(), SeedSettings())

@@ -38,6 +38,10 @@ class SnapshotRefused(SeedkeeperError):
         self.detail = detail
 
 
+class RuntimeUnavailable(SeedkeeperError):
+    """The slot runtime could not launch, describe or stop a task; nothing was assumed."""
+
+
 class PublishFailed(SeedkeeperError):
     """Building, measuring or uploading an archive failed."""
 

@@ -122,6 +122,12 @@ class Lifecycle:
         still_seeding = Attr("state").eq(State.SEEDING.value)  # the first verdict stands
         return self._apply(record, decision, own_attempt & still_seeding)
 
+    def begin_attempt(self, record: SlotRecord, *, now: int) -> Outcome:
+        decision = transitions.begin_attempt(record, now=now)
+        same_attempt = Attr("attempt").eq(record.attempt)  # one new attempt per lost one
+        still_seeding = Attr("state").eq(State.SEEDING.value)  # a late verdict wins
+        return self._apply(record, decision, same_attempt & still_seeding)
+
     def touch(
         self,
         slot: str,

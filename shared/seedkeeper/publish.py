@@ -10,9 +10,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from seedkeeper.clock import epoch_seconds
 from seedkeeper.errors import PublishFailed
 from seedkeeper.r2 import R2, backup_key
-from seedkeeper.rotation import Recorded, Snapshots, epoch_seconds
+from seedkeeper.rotation import Recorded, Snapshots
 from seedkeeper.snapshots import Archive, NewSnapshot
 
 # Progress: (archive label, bytes done, bytes in all).

@@ -3,9 +3,9 @@ the archives in R2, and the ledger that keeps every owed deletion true until it 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 
+from seedkeeper.clock import epoch_seconds
 from seedkeeper.errors import ResourceNotFound, RotationConflict, SnapshotRefused
 from seedkeeper.models import Model
 from seedkeeper.r2 import R2, backup_key
@@ -22,10 +22,6 @@ from seedkeeper.snapshots import (
     plan_rotation,
     plan_teardown,
 )
-
-
-def epoch_seconds() -> int:
-    return int(time.time())
 
 
 class Payment(Model):

@@ -132,6 +132,20 @@ def settle_seed(
     )
 
 
+def begin_attempt(record: SlotRecord, *, now: int) -> Decision:
+    """A seeding slot whose task is gone without a verdict: a new attempt with a new
+    restore. The lost attempt's unsettled work becomes unknown and is kept."""
+    if record.state is not State.SEEDING:
+        return Refused(f"state-{record.state}")
+    attempt = record.attempt + 1
+    window = opwindow.advance_generation(record.window, attempt)
+    reserved = opwindow.reserve(window, OpKind.RESTORE, Actor.SLOT_TASK, attempt)
+    if isinstance(reserved, opwindow.WindowFull):
+        return Refused("window-full")
+    changed = _next(record, now, attempt=attempt, incarnation=None, window=reserved.window)
+    return Change(changed, reserved.entry)
+
+
 def fence(record: SlotRecord, *, now: int) -> Decision:
     """The idle sweep's only way to destruction: a positively-unseeded, expired slot with
     no unsettled operation goes to `closing`, with its stop reserved."""

@@ -1,0 +1,1 @@
+"""The slot task's restore: download, verify, extract."""

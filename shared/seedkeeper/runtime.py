@@ -1,0 +1,259 @@
+"""Where slot tasks run: ECS Fargate in AWS, local processes on one machine. One small
+interface, chosen by configuration; nothing else in Seedkeeper knows which it is.
+
+Launching is idempotent per attempt, so a retried launch never starts a second task: ECS
+by the RunTask client token, the local runtime by the incarnation file it keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from seedkeeper.errors import RuntimeUnavailable
+from seedkeeper.plan import PLAN_VARIABLE, SlotPlan
+
+if TYPE_CHECKING:
+    from mypy_boto3_ecs import ECSClient
+
+
+class TaskStatus(StrEnum):
+    RUNNING = "running"
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"  # nothing known about this incarnation: never a reason to destroy
+
+
+class SlotRuntime(Protocol):
+    def launch(self, plan: SlotPlan) -> str:
+        """Start the slot task for `plan`; answer its incarnation."""
+        ...
+
+    def status(self, incarnation: str) -> TaskStatus: ...
+
+    def stop(self, incarnation: str) -> None: ...
+
+
+class RuntimeSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SEEDKEEPER_", extra="ignore", frozen=True)
+
+    runtime: Literal["ecs", "local"] = "ecs"
+    # ECS
+    cluster: str | None = None
+    task_definition: str | None = None
+    container: str = "slot"
+    subnets: tuple[str, ...] = ()
+    security_groups: tuple[str, ...] = ()
+    assign_public_ip: bool = False
+    # local
+    data_dir: Path = Path(".seedkeeper")
+
+
+def runtime_from(settings: RuntimeSettings) -> SlotRuntime:
+    if settings.runtime == "local":
+        return LocalRuntime(settings.data_dir)
+    if not (settings.cluster and settings.task_definition and settings.subnets):
+        raise RuntimeUnavailable("ecs runtime needs cluster, task_definition and subnets")
+    return EcsRuntime(boto3.client("ecs"), settings)
+
+
+def started_by(slot: str) -> str:
+    """ECS allows 36 characters of [A-Za-z0-9_-]: the slot itself when it fits, else a
+    stable digest of it."""
+    if re.fullmatch(r"[A-Za-z0-9_-]{1,36}", slot):
+        return slot
+    return "sk-" + hashlib.sha256(slot.encode()).hexdigest()[:33]
+
+
+class EcsRuntime:
+    def __init__(self, client: ECSClient, settings: RuntimeSettings) -> None:
+        self._ecs = client
+        self._settings = settings
+
+    def launch(self, plan: SlotPlan) -> str:
+        settings = self._settings
+        assert settings.cluster is not None
+        assert settings.task_definition is not None
+        try:
+            response = self._ecs.run_task(
+                cluster=settings.cluster,
+                taskDefinition=settings.task_definition,
+                launchType="FARGATE",
+                count=1,
+                startedBy=started_by(plan.slot),
+                # Idempotent per attempt: a retry of this launch returns the same task.
+                clientToken=_client_token(plan),
+                networkConfiguration={
+                    "awsvpcConfiguration": {
+                        "subnets": list(settings.subnets),
+                        "securityGroups": list(settings.security_groups),
+                        "assignPublicIp": "ENABLED" if settings.assign_public_ip else "DISABLED",
+                    }
+                },
+                overrides={
+                    "containerOverrides": [
+                        {
+                            "name": settings.container,
+                            "environment": [{"name": PLAN_VARIABLE, "value": plan.to_env()}],
+                        }
+                    ]
+                },
+            )
+        except (ClientError, BotoCoreError) as error:
+            raise RuntimeUnavailable(_code(error)) from error
+        tasks = response.get("tasks", [])
+        if not tasks:
+            reasons = ",".join(f.get("reason", "") for f in response.get("failures", []))
+            raise RuntimeUnavailable(f"RunTask started nothing ({reasons})")
+        return tasks[0]["taskArn"]
+
+    def status(self, incarnation: str) -> TaskStatus:
+        if not incarnation.startswith("arn:"):
+            return TaskStatus.UNKNOWN
+        try:
+            response = self._ecs.describe_tasks(
+                cluster=self._settings.cluster or "", tasks=[incarnation]
+            )
+        except (ClientError, BotoCoreError):
+            return TaskStatus.UNKNOWN
+        tasks = response.get("tasks", [])
+        if not tasks:
+            return TaskStatus.UNKNOWN
+        return TaskStatus.STOPPED if tasks[0].get("lastStatus") == "STOPPED" else TaskStatus.RUNNING
+
+    def stop(self, incarnation: str) -> None:
+        try:
+            self._ecs.stop_task(
+                cluster=self._settings.cluster or "", task=incarnation, reason="seedkeeper"
+            )
+        except (ClientError, BotoCoreError) as error:
+            raise RuntimeUnavailable(_code(error)) from error
+
+
+@dataclass(frozen=True)
+class _Process:
+    pid: int
+    started: str  # the process's start time in clock ticks: tells a reused pid apart
+
+
+class LocalRuntime:
+    """Slot tasks as local processes, each in its own process group, with a workspace per
+    slot under `data_dir`. What it launched is recorded on disk, so status and stop work
+    from another process or after a restart of the caller."""
+
+    def __init__(self, data_dir: Path, command: tuple[str, ...] = ()) -> None:
+        self._root = data_dir.resolve() / "slots"
+        self._command = command or (sys.executable, "-m", "seedkeeper.task")
+
+    def workspace(self, slot: str) -> Path:
+        return self._root / slot / "workspace"
+
+    def launch(self, plan: SlotPlan) -> str:
+        incarnation = f"local:{plan.slot}:{plan.attempt}"
+        record = self._record(incarnation)
+        if record.exists():  # this attempt was launched already: the same task
+            return incarnation
+        workspace = self.workspace(plan.slot)
+        workspace.mkdir(parents=True, exist_ok=True)
+        log = (record.parent / f"attempt-{plan.attempt}.log").open("ab")
+        environment = os.environ | {
+            PLAN_VARIABLE: plan.to_env(),
+            "SEEDKEEPER_WORKSPACE": str(workspace),
+            "SEEDKEEPER_INCARNATION": incarnation,
+        }
+        process = subprocess.Popen(
+            self._command,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stop() ends all it started
+        )
+        log.close()
+        record.write_text(json.dumps({"pid": process.pid, "started": _start_time(process.pid)}))
+        return incarnation
+
+    def status(self, incarnation: str) -> TaskStatus:
+        process = self._process(incarnation)
+        if process is None:
+            return TaskStatus.UNKNOWN
+        alive = _start_time(process.pid) == process.started and not _is_zombie(process.pid)
+        return TaskStatus.RUNNING if alive else TaskStatus.STOPPED
+
+    def stop(self, incarnation: str, grace: float = 5.0) -> None:
+        """SIGTERM to the task's process group, SIGKILL after `grace` seconds."""
+        process = self._process(incarnation)
+        if process is None or self.status(incarnation) is not TaskStatus.RUNNING:
+            return
+        for sent, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(process.pid, sent)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                _reap(process.pid)
+                if self.status(incarnation) is not TaskStatus.RUNNING:
+                    return
+                time.sleep(0.05)
+
+    def _record(self, incarnation: str) -> Path:
+        _, slot, attempt = incarnation.split(":")
+        folder = self._root / slot
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / f"attempt-{attempt}.json"
+
+    def _process(self, incarnation: str) -> _Process | None:
+        if not re.fullmatch(r"local:[A-Za-z0-9._-]+:\d+", incarnation):
+            return None
+        record = self._record(incarnation)
+        if not record.exists():
+            return None
+        fields = json.loads(record.read_text())
+        return _Process(pid=int(fields["pid"]), started=str(fields["started"]))
+
+
+def _start_time(pid: int) -> str:
+    """Field 22 of /proc/<pid>/stat; empty when the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _reap(pid: int) -> None:
+    """A child of this process is only gone once waited for."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _client_token(plan: SlotPlan) -> str:
+    return f"{hashlib.sha256(plan.slot.encode()).hexdigest()[:48]}-{plan.attempt}"
+
+
+def _code(error: ClientError | BotoCoreError) -> str:
+    if isinstance(error, ClientError):
+        return error.response.get("Error", {}).get("Code") or "unknown"
+    return type(error).__name__

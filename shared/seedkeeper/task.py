@@ -1,0 +1,332 @@
+"""The slot task: restore the slot's seed, verified, before the run's first command; then
+run the slot's sandbox command.
+
+DESIGN §6, step by step: re-read the record and the workspace marker (refusing before
+anything is removed when either says the workspace belongs to someone); sweep an earlier
+attempt's debris; download and verify each archive; extract it so its target appears
+last; fix up git with argv lists; write the marker; settle the operation and the record,
+conditional on this attempt. Any failure removes the half tree (after the download
+workers are joined) and settles `seed_failed` with its reason and step.
+
+Logs are JSON events; a presigned URL never appears in one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from seedkeeper.config import StoreSettings
+from seedkeeper.lifecycle import Conflict, Lifecycle, Written
+from seedkeeper.models import Model, Origin, OwnerClaim, SeedIdentity
+from seedkeeper.observability import logger
+from seedkeeper.plan import PLAN_VARIABLE, SlotPlan, Transfer
+from seedkeeper.record import SeedFailed, SeedSucceeded, State, Supported
+from seedkeeper.restore.download import DownloadFailed, download
+from seedkeeper.restore.extract import ExtractFailed, UnsafeArchive, extract, sweep_staging
+from seedkeeper.transitions import Acknowledged
+
+CHECKOUT = "checkout"
+STATE_DIR = ".seedkeeper"
+MARKER = "seed.json"
+_SETTLE_ROUNDS = 8
+
+Reason = Literal["seed-missing", "seed-failed"]
+Verdict = Literal["seeded", "failed", "superseded"]
+
+
+class TaskSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SEEDKEEPER_", extra="ignore", frozen=True)
+
+    workspace: Path = Path("/workspace")
+    incarnation: str | None = None
+    restore_timeout: Annotated[float, Field(gt=0)] = 900.0
+    download_parts: Annotated[int, Field(ge=1, le=32)] = 4
+    slot_uid: int | None = None  # who owns the restored tree; None keeps the task's own
+    slot_gid: int | None = None
+    sandbox_command: tuple[str, ...] = ()  # argv (JSON list); empty: wait until stopped
+
+
+class Marker(Model):
+    """Names the seed a workspace's checkout came from, and whose it is."""
+
+    slot: str
+    attempt: int
+    seed: SeedIdentity
+    owner: OwnerClaim | None
+    origin: Origin | None
+    head: str
+
+
+class StepFailed(Exception):
+    def __init__(self, step: str, reason: Reason, detail: str) -> None:
+        super().__init__(f"{step}: {detail}")
+        self.step, self.reason, self.detail = step, reason, detail
+
+
+class Superseded(Exception):
+    """The record says this attempt is not the live one: touch nothing, settle nothing."""
+
+
+class SlotTask:
+    def __init__(
+        self, plan: SlotPlan, settings: TaskSettings, lifecycle: Lifecycle, stop: threading.Event
+    ) -> None:
+        self.plan = plan
+        self.settings = settings
+        self.lifecycle = lifecycle
+        self.stop = stop
+        self.workspace = settings.workspace
+        self.checkout = self.workspace / CHECKOUT
+        self.state_dir = self.workspace / STATE_DIR
+        self.steps: dict[str, int] = {}
+
+    # -- the restore ---------------------------------------------------------------
+
+    def restore(self) -> Verdict:
+        seed = self.plan.seed
+        assert seed is not None
+        started = time.monotonic()
+        try:
+            self._preflight(seed)
+        except Superseded as superseded:
+            logger.warning("restore superseded", why=str(superseded))
+            return "superseded"
+        except StepFailed as failed:
+            logger.warning("restore refused", step=failed.step, why=failed.detail)
+            return self._settle(
+                SeedFailed(reason=failed.reason, step=failed.step, detail=failed.detail)
+            )
+        created: list[Path] = []
+        try:
+            head = self._seed(seed, created)
+        except StepFailed as failed:
+            logger.warning("restore failed", step=failed.step, reason=failed.reason)
+            for path in reversed(created):
+                shutil.rmtree(path, ignore_errors=True)
+            self._discard_downloads()
+            return self._settle(
+                SeedFailed(reason=failed.reason, step=failed.step, detail=failed.detail[:500])
+            )
+        self._discard_downloads()
+        total = int((time.monotonic() - started) * 1000)
+        return self._settle(
+            SeedSucceeded(
+                ref=seed.ref,
+                head=head,
+                from_backup=seed.checkout_backup_id,
+                steps=self.steps,
+                ms=total,
+            )
+        )
+
+    def _preflight(self, seed: SeedIdentity) -> None:
+        """Refuse before anything is removed unless this attempt is the live one and the
+        workspace holds nothing bound to anyone; then sweep an earlier attempt's debris."""
+        classified = self.lifecycle.read(self.plan.slot)
+        if not isinstance(classified, Supported):
+            raise Superseded("no supported record")
+        record = classified.record
+        if record.attempt != self.plan.attempt or record.state is not State.SEEDING:
+            raise Superseded("the record moved on")
+        marker = self._marker()
+        if marker is not None and (marker.seed != seed or marker.owner is not None):
+            raise StepFailed("sweep", "seed-failed", "the workspace holds a bound checkout")
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        sweep_staging(self.workspace)
+        if self.checkout.exists():
+            sweep_staging(self.checkout)
+            shutil.rmtree(self.checkout)  # an unbound tree: never handed to a run
+        self._discard_downloads()
+        (self.state_dir / MARKER).unlink(missing_ok=True)
+
+    def _seed(self, seed: SeedIdentity, created: list[Path]) -> str:
+        plan = self.plan
+        assert plan.checkout is not None
+        downloads = self.state_dir / "downloads"
+        downloads.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + self.settings.restore_timeout
+        with self._step("download"):
+            archive = self._download(plan.checkout, downloads / "checkout.sqsh", deadline)
+            deps_archive = (
+                self._download(plan.deps, downloads / "deps.sqsh", deadline) if plan.deps else None
+            )
+        with self._step("extract"):
+            created.append(self.checkout)
+            self._extract(archive, self.checkout)
+            if deps_archive is not None:
+                deps_target = self.checkout / plan.deps_path
+                deps_target.parent.mkdir(parents=True, exist_ok=True)
+                self._extract(deps_archive, deps_target)
+        with self._step("fixup"):
+            head = self._fix_up(seed)
+        with self._step("marker"):
+            self._write_marker(seed, head)
+        return head
+
+    def _download(self, transfer: Transfer, target: Path, deadline: float) -> Path:
+        try:
+            download(
+                transfer.url.get_secret_value(),
+                target,
+                size=transfer.size,
+                sha256=transfer.sha256,
+                deadline=deadline,
+                parts=self.settings.download_parts,
+                cancel=self.stop,
+            )
+        except DownloadFailed as failed:
+            missing = failed.reason == "http-404"
+            raise StepFailed(
+                failed.step, "seed-missing" if missing else "seed-failed", failed.reason
+            ) from failed
+        return target
+
+    def _extract(self, archive: Path, target: Path) -> None:
+        try:
+            extract(archive, target)
+        except (UnsafeArchive, ExtractFailed, FileExistsError) as failed:
+            raise StepFailed("extract", "seed-failed", str(failed)) from failed
+
+    def _fix_up(self, seed: SeedIdentity) -> str:
+        plan = self.plan
+        if self.settings.slot_uid is not None:
+            _chown_tree(self.checkout, self.settings.slot_uid, self.settings.slot_gid)
+        if plan.origin is not None:
+            remotes = self._git("remote").split()
+            verb = "set-url" if "origin" in remotes else "add"
+            self._git("remote", verb, "origin", plan.origin)
+        target = seed.sha
+        if seed.fetch_ref is not None:
+            self._git("fetch", "--quiet", "--no-tags", "origin", "--", seed.fetch_ref)
+            target = seed.fetch_sha or self._git("rev-parse", "--verify", "FETCH_HEAD^{commit}")
+        self._git("checkout", "--quiet", "--force", "-B", seed.ref, target, "--")
+        head = self._git("rev-parse", "--verify", "HEAD^{commit}")
+        if plan.owner is not None and head != plan.owner.head:
+            raise StepFailed("fixup", "seed-failed", "HEAD is not the claim's head")
+        return head
+
+    def _git(self, *args: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(self.checkout), *args],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=max(1.0, self.settings.restore_timeout),
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as failed:
+            stderr = failed.stderr if isinstance(failed.stderr, str) else ""
+            raise StepFailed(
+                "fixup", "seed-failed", f"git {args[0]}: {stderr.strip()[-300:]}"
+            ) from failed
+        return done.stdout.strip()
+
+    def _write_marker(self, seed: SeedIdentity, head: str) -> None:
+        marker = Marker(
+            slot=self.plan.slot,
+            attempt=self.plan.attempt,
+            seed=seed,
+            owner=self.plan.owner,
+            origin=self.plan.origin,
+            head=head,
+        )
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        staged = self.state_dir / f".{MARKER}.tmp"
+        staged.write_text(marker.model_dump_json())
+        staged.replace(self.state_dir / MARKER)
+
+    def _marker(self) -> Marker | None:
+        path = self.state_dir / MARKER
+        if not path.exists():
+            return None
+        try:
+            return Marker.model_validate_json(path.read_text())
+        except ValueError as invalid:
+            raise StepFailed("sweep", "seed-failed", "an unreadable marker") from invalid
+
+    def _discard_downloads(self) -> None:
+        shutil.rmtree(self.state_dir / "downloads", ignore_errors=True)
+
+    @contextmanager
+    def _step(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        yield
+        self.steps[name] = int((time.monotonic() - started) * 1000)
+
+    def _settle(self, result: SeedSucceeded | SeedFailed) -> Verdict:
+        """Settle this attempt's restore with its verdict, re-deciding when a poll touched
+        the record in between; superseded when the record moved on."""
+        for _ in range(_SETTLE_ROUNDS):
+            classified = self.lifecycle.read(self.plan.slot)
+            if not isinstance(classified, Supported):
+                return "superseded"
+            outcome = self.lifecycle.settle_seed(
+                classified.record,
+                attempt=self.plan.attempt,
+                restore=self.plan.op,
+                result=result,
+                now=int(time.time()),
+            )
+            if isinstance(outcome, Written | Acknowledged):
+                state = outcome.record.state
+                logger.info("restore settled", state=state)
+                return "seeded" if state is State.SEEDED else "failed"
+            if not isinstance(outcome, Conflict):
+                logger.warning("restore not settled", why=outcome.reason)
+                return "superseded"
+        return "superseded"
+
+    # -- after the restore -----------------------------------------------------------
+
+    def run_sandbox(self) -> int:
+        command = self.settings.sandbox_command
+        if not command:
+            self.stop.wait()  # stays alive until stopped
+            return 0
+        process = subprocess.Popen(command, cwd=self.checkout if self.checkout.exists() else None)
+        while process.poll() is None:
+            if self.stop.wait(0.2):
+                process.terminate()
+                return process.wait()
+        return process.returncode
+
+
+def _chown_tree(root: Path, uid: int, gid: int | None) -> None:
+    group = -1 if gid is None else gid
+    os.lchown(root, uid, group)
+    for folder, directories, files in os.walk(root):
+        for name in directories + files:
+            os.lchown(os.path.join(folder, name), uid, group)
+
+
+def main() -> int:
+    stop = threading.Event()
+    for stopping in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stopping, lambda *_: stop.set())
+    plan = SlotPlan.from_env(os.environ[PLAN_VARIABLE])
+    settings = TaskSettings()
+    task = SlotTask(plan, settings, StoreSettings().lifecycle(), stop)
+    logger.append_keys(slot=plan.slot, attempt=plan.attempt, incarnation=settings.incarnation)
+    logger.info("task started", seeded=plan.seed is not None)
+    if plan.seed is not None and task.restore() == "superseded":
+        return 0  # another attempt owns the slot now
+    code = task.run_sandbox()
+    logger.info("task stopped", stopped_by_signal=stop.is_set())
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The slot runtimes: local processes for real, ECS against moto."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from seedkeeper.opwindow import Actor, OpRef
+from seedkeeper.plan import PLAN_VARIABLE, SlotPlan, Transfer
+from seedkeeper.runtime import EcsRuntime, LocalRuntime, RuntimeSettings, TaskStatus, started_by
+
+if TYPE_CHECKING:
+    from mypy_boto3_ecs import ECSClient
+
+# A stand-in slot task: writes what it was given, starts a child, and waits to be stopped.
+FAKE_TASK = """
+import os, pathlib, subprocess, sys, time
+workspace = pathlib.Path(os.environ["SEEDKEEPER_WORKSPACE"])
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+given = [os.environ["SEEDKEEPER_INCARNATION"], str(child.pid), os.environ["SEEDKEEPER_PLAN"]]
+(workspace / "seen.txt").write_text("\\n".join(given))
+time.sleep(600)
+"""
+
+
+SIGNED_URL = "https://r2.example/signed?X-Amz-Signature=abc"
+
+
+def plan(slot: str = "slot-1", attempt: int = 1) -> SlotPlan:
+    return SlotPlan(
+        slot=slot,
+        attempt=attempt,
+        op=OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=attempt),
+        checkout=Transfer(
+            url="https://r2.example/signed?X-Amz-Signature=abc", size=10, sha256="0" * 64
+        ),  # type: ignore[arg-type]
+    )
+
+
+def wait_for(path: Path, seconds: float = 10.0) -> str:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().count("\n") >= 2:
+            return path.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> LocalRuntime:
+    return LocalRuntime(tmp_path / "data", command=(sys.executable, "-c", FAKE_TASK))
+
+
+def test_a_local_slot_task_runs_in_its_workspace_with_its_plan(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    incarnation = local.launch(plan())
+    assert incarnation == "local:slot-1:1"
+    seen = wait_for(local.workspace("slot-1") / "seen.txt")
+    given_incarnation, child, plan_json = seen.split("\n", 2)
+    assert given_incarnation == incarnation
+    assert SlotPlan.from_env(plan_json) == plan()
+    assert local.status(incarnation) is TaskStatus.RUNNING
+    local.stop(incarnation)
+    assert local.status(incarnation) is TaskStatus.STOPPED
+    assert not alive(int(child)), "stop ends the whole process group"
+
+
+def test_launching_the_same_attempt_again_starts_nothing(local: LocalRuntime) -> None:
+    first = local.launch(plan())
+    wait_for(local.workspace("slot-1") / "seen.txt")
+    record = json.loads((local.workspace("slot-1").parent / "attempt-1.json").read_text())
+    assert local.launch(plan()) == first
+    again = json.loads((local.workspace("slot-1").parent / "attempt-1.json").read_text())
+    assert again == record
+    second = local.launch(plan(attempt=2))
+    assert second == "local:slot-1:2"
+    for incarnation in (first, second):
+        local.stop(incarnation)
+
+
+def test_status_and_stop_work_from_a_new_runtime_on_the_same_data_dir(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    incarnation = local.launch(plan())
+    wait_for(local.workspace("slot-1") / "seen.txt")
+    restarted = LocalRuntime(tmp_path / "data")
+    assert restarted.status(incarnation) is TaskStatus.RUNNING
+    restarted.stop(incarnation)
+    assert restarted.status(incarnation) is TaskStatus.STOPPED
+    assert local.status(incarnation) is TaskStatus.STOPPED
+
+
+def test_an_incarnation_nobody_launched_is_unknown(local: LocalRuntime) -> None:
+    assert local.status("local:slot-9:1") is TaskStatus.UNKNOWN
+    assert local.status("arn:aws:ecs:us-east-1:123456789012:task/c/abc") is TaskStatus.UNKNOWN
+    local.stop("local:slot-9:1")  # nothing to stop: no error
+
+
+def test_the_plan_travels_with_its_urls_but_never_prints_them() -> None:
+    made = plan()
+    assert "X-Amz-Signature" in made.to_env()
+    assert "X-Amz-Signature" not in repr(made)
+    assert "X-Amz-Signature" not in str(made.model_dump())
+
+
+# -- ECS ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def ecs(aws_credentials: None) -> Iterator[tuple[ECSClient, RuntimeSettings]]:
+    with mock_aws():
+        # The default VPC: moto's ECS wants DNS hostnames for the task's network interface.
+        ec2 = boto3.client("ec2")
+        (vpc,) = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+        subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc["VpcId"]]}])
+        subnet = subnets["Subnets"][0]["SubnetId"]
+        group = ec2.create_security_group(
+            GroupName="slots", Description="slots", VpcId=vpc["VpcId"]
+        )
+        client = boto3.client("ecs")
+        client.create_cluster(clusterName="seedkeeper")
+        client.register_task_definition(
+            family="seedkeeper-slot",
+            requiresCompatibilities=["FARGATE"],
+            networkMode="awsvpc",
+            cpu="1024",
+            memory="2048",
+            containerDefinitions=[
+                {"name": "slot", "image": "seedkeeper-slot-task", "memoryReservation": 1024}
+            ],
+        )
+        settings = RuntimeSettings(
+            runtime="ecs",
+            cluster="seedkeeper",
+            task_definition="seedkeeper-slot",
+            subnets=(subnet,),
+            security_groups=(group["GroupId"],),
+        )
+        yield client, settings
+
+
+def test_ecs_launch_passes_the_plan_and_names_the_slot(
+    ecs: tuple[ECSClient, RuntimeSettings],
+) -> None:
+    client, settings = ecs
+    runtime = EcsRuntime(client, settings)
+    incarnation = runtime.launch(plan("slot.with.dots"))
+    assert incarnation.startswith("arn:aws:ecs:")
+    (task,) = client.describe_tasks(cluster="seedkeeper", tasks=[incarnation])["tasks"]
+    assert task["startedBy"] == started_by("slot.with.dots")
+    assert len(task["startedBy"]) <= 36
+    (override,) = task["overrides"]["containerOverrides"]
+    assert override["name"] == "slot"
+    (variable,) = override["environment"]
+    assert variable["name"] == PLAN_VARIABLE
+    assert SlotPlan.from_env(variable["value"]) == plan("slot.with.dots")
+    assert runtime.status(incarnation) is TaskStatus.RUNNING
+    runtime.stop(incarnation)
+    assert runtime.status(incarnation) is TaskStatus.STOPPED
+
+
+def test_ecs_status_of_a_task_it_does_not_know_is_unknown(
+    ecs: tuple[ECSClient, RuntimeSettings],
+) -> None:
+    client, settings = ecs
+    runtime = EcsRuntime(client, settings)
+    missing = "arn:aws:ecs:us-east-1:123456789012:task/seedkeeper/0123456789abcdef"
+    assert runtime.status(missing) is TaskStatus.UNKNOWN
+    assert runtime.status("local:slot-1:1") is TaskStatus.UNKNOWN
+
+
+def test_started_by_is_the_slot_when_it_fits() -> None:
+    assert started_by("slot-1") == "slot-1"
+    assert started_by("a" * 37) != "a" * 37
+    assert started_by("a" * 37) == started_by("a" * 37)
