@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import boto3
 import pytest
 from moto import mock_aws
+from pydantic import SecretStr
 
 from seedkeeper.opwindow import Actor, OpRef
 from seedkeeper.plan import PLAN_VARIABLE, SlotPlan, Transfer
@@ -40,9 +41,7 @@ def plan(slot: str = "slot-1", attempt: int = 1) -> SlotPlan:
         slot=slot,
         attempt=attempt,
         op=OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=attempt),
-        checkout=Transfer(
-            url="https://r2.example/signed?X-Amz-Signature=abc", size=10, sha256="0" * 64
-        ),  # type: ignore[arg-type]
+        checkout=Transfer(url=SecretStr(SIGNED_URL), size=10, sha256="0" * 64),
     )
 
 

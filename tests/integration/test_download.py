@@ -1,0 +1,373 @@
+"""The download engine against a real HTTP server on 127.0.0.1 that supports ranges and
+injects faults: error statuses, resets, stalls, truncated bodies, ignored ranges."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from seedkeeper.restore.download import (
+    THREAD_PREFIX,
+    DownloadFailed,
+    DownloadStats,
+    download,
+    plan_ranges,
+)
+
+MIB = 1024 * 1024
+SIZE = 24 * MIB
+SIGNATURE = "X-Amz-Signature=0123456789abcdef-never-in-a-message"
+RANGE_HEADER = re.compile(r"bytes=(\d+)-(\d*)")
+STARTS = [first for first, _ in plan_ranges(SIZE, 4)]  # 0, 6, 12, 18 MiB
+
+# (range start or None without a Range header, how many times that start was asked) -> fault
+Fault = Callable[[int | None, int], str | None]
+
+
+class RangeServer(ThreadingHTTPServer):
+    """Serves one file with Range support; `fault` decides how to misbehave per request.
+
+    Faults: "status:<code>", "ignore-range" (200 with the whole body), "truncate" (half the
+    body, then close), "reset" (half the body, then RST), "stall" (half the body, then
+    silence), "hang" (no answer at all), "slow" (the body in small, paced pieces)."""
+
+    daemon_threads = True
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.file = path
+        self.size = path.stat().st_size
+        self.fault: Fault = lambda start, hit: None
+        self.lock = threading.Lock()
+        self.requests: list[tuple[int | None, str | None]] = []  # (start, fault)
+        self.hits: Counter[int | None] = Counter()
+        self.release = threading.Event()  # ends stalls and hangs at teardown
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/backups/b1.sqsh?{SIGNATURE}"
+
+    def starts(self) -> list[int | None]:
+        with self.lock:
+            return [start for start, _ in self.requests]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client hanging up mid-body is part of the tests."""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: RangeServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+    def do_GET(self) -> None:
+        server, size = self.server, self.server.size
+        match = RANGE_HEADER.fullmatch(self.headers.get("Range", ""))
+        start = int(match.group(1)) if match else None
+        with server.lock:
+            server.hits[start] += 1
+            fault = server.fault(start, server.hits[start])
+            server.requests.append((start, fault))
+        if fault is not None and fault.startswith("status:"):
+            self._head(int(fault.removeprefix("status:")), 0)
+            return
+        if fault == "hang":
+            server.release.wait(5)
+            self.close_connection = True
+            return
+        if match is None or fault == "ignore-range":
+            first, last = 0, size - 1
+            self._head(200, size)
+        else:
+            first = int(match.group(1))
+            last = min(int(match.group(2)) if match.group(2) else size - 1, size - 1)
+            if first >= size:
+                self._head(416, 0, {"Content-Range": f"bytes */{size}"})
+                return
+            self._head(206, last - first + 1, {"Content-Range": f"bytes {first}-{last}/{size}"})
+        self._body(first, last + 1, fault)
+
+    def _head(self, status: int, length: int, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(length))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+
+    def _body(self, first: int, end: int, fault: str | None) -> None:
+        with self.server.file.open("rb") as source:
+            if fault in ("truncate", "reset", "stall"):
+                self.connection.sendfile(source, first, (end - first) // 2)
+                self.close_connection = True
+                if fault == "reset":
+                    linger = struct.pack("ii", 1, 0)
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+                    self.connection.close()
+                elif fault == "stall":
+                    self.server.release.wait(2)
+            elif fault == "slow":
+                for offset in range(first, end, 64 * 1024):
+                    self.connection.sendfile(source, offset, min(64 * 1024, end - offset))
+                    time.sleep(0.005)
+            else:
+                self.connection.sendfile(source, first, end - first)
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes, str]:
+    data = os.urandom(SIZE)
+    path = tmp_path_factory.mktemp("served") / "b1.sqsh"
+    path.write_bytes(data)
+    return path, data, hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def server(archive: tuple[Path, bytes, str]) -> Iterator[RangeServer]:
+    served = RangeServer(archive[0])
+    thread = threading.Thread(
+        target=served.serve_forever, kwargs={"poll_interval": 0.05}, name="test-range-server"
+    )
+    thread.start()
+    yield served
+    served.release.set()
+    served.shutdown()
+    served.server_close()
+    thread.join(5)
+
+
+@dataclass
+class Fetch:
+    """Calls `download` for the served archive with test-friendly defaults."""
+
+    server: RangeServer
+    target: Path
+    data: bytes
+    sha256: str
+
+    def __call__(self, **overrides: Any) -> DownloadStats:
+        arguments: dict[str, Any] = {
+            "size": len(self.data),
+            "sha256": self.sha256,
+            "deadline": time.monotonic() + 10,
+            "parts": 4,
+            "stall_timeout": 2.0,
+            "max_retries": 5,
+        } | overrides
+        return download(self.server.url, self.target, **arguments)
+
+    def fails(self, **overrides: Any) -> tuple[DownloadFailed, float]:
+        """The failure, and how long the call took; checks what every failure guarantees."""
+        started = time.monotonic()
+        with pytest.raises(DownloadFailed) as caught:
+            self(**overrides)
+        elapsed = time.monotonic() - started
+        failed = caught.value
+        for text in (str(failed), repr(failed), failed.reason, failed.detail):
+            assert SIGNATURE not in text
+            assert "b1.sqsh" not in text
+        assert failed.__cause__ is None
+        assert download_threads() == []
+        assert_quiet(self.target)
+        return failed, elapsed
+
+
+def download_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
+
+
+def assert_quiet(target: Path) -> None:
+    """Nothing writes into the target any more: its size, mtime and content stay put."""
+    if not target.exists():
+        return
+    before = target.stat()
+    digest = hashlib.sha256(target.read_bytes()).digest()
+    time.sleep(0.15)
+    after = target.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert hashlib.sha256(target.read_bytes()).digest() == digest
+
+
+@pytest.fixture
+def fetch(server: RangeServer, archive: tuple[Path, bytes, str], tmp_path: Path) -> Fetch:
+    return Fetch(server, tmp_path / "download.sqsh", archive[1], archive[2])
+
+
+def test_downloads_in_parallel_ranges_and_verifies(fetch: Fetch, server: RangeServer) -> None:
+    stats = fetch()
+
+    assert fetch.target.read_bytes() == fetch.data
+    assert stats.bytes == SIZE
+    assert stats.retries == 0
+    assert sorted(s for s in server.starts() if s is not None) == STARTS
+    assert download_threads() == []
+
+
+def test_one_part_is_one_stream(fetch: Fetch, server: RangeServer) -> None:
+    stats = fetch(parts=1)
+
+    assert fetch.target.read_bytes() == fetch.data
+    assert (stats.retries, server.starts()) == (0, [0])
+
+
+@dataclass(frozen=True)
+class Case:
+    fault: str
+    hits: int  # the first this many requests of the faulty range misbehave
+    resumes_at: int | None  # where the range's next request starts, when deterministic
+
+
+RANGE = STARTS[2]
+HALF = (STARTS[3] - STARTS[2]) // 2
+
+RECOVERABLE = {
+    "500 twice": Case("status:500", 2, RANGE),
+    "503": Case("status:503", 1, RANGE),
+    "429": Case("status:429", 1, RANGE),
+    "408": Case("status:408", 1, RANGE),
+    "reset mid-range": Case("reset", 1, None),
+    "truncated body": Case("truncate", 1, RANGE + HALF),
+    "stall mid-range": Case("stall", 1, RANGE + HALF),
+}
+
+
+@pytest.mark.parametrize("case", RECOVERABLE.values(), ids=RECOVERABLE.keys())
+def test_a_range_recovers_from(case: Case, fetch: Fetch, server: RangeServer) -> None:
+    server.fault = lambda start, hit: case.fault if start == RANGE and hit <= case.hits else None
+    started = time.monotonic()
+
+    stats = fetch(stall_timeout=0.3)
+
+    assert time.monotonic() - started < 3
+    assert fetch.target.read_bytes() == fetch.data
+    assert stats.retries == case.hits
+    resumed = [
+        start for start in server.starts() if start is not None and RANGE <= start < STARTS[3]
+    ]
+    assert len(resumed) == case.hits + 1
+    if case.resumes_at is not None:
+        assert resumed[-1] == case.resumes_at
+    assert download_threads() == []
+
+
+def test_a_range_answered_whole_falls_back_to_one_stream(fetch: Fetch, server: RangeServer) -> None:
+    server.fault = lambda start, hit: "ignore-range" if start == RANGE and hit == 1 else None
+
+    stats = fetch()
+
+    assert fetch.target.read_bytes() == fetch.data
+    assert stats.retries == 1
+    assert len(server.starts()) <= len(STARTS) + 1  # the four ranges, then one stream
+
+
+def test_a_server_that_never_honours_range_still_gives_the_file(
+    fetch: Fetch, server: RangeServer
+) -> None:
+    server.fault = lambda start, hit: "ignore-range"
+
+    stats = fetch()
+
+    assert fetch.target.read_bytes() == fetch.data
+    assert stats.retries == 1
+
+
+def test_a_whole_answer_after_a_break_skips_what_is_written(
+    fetch: Fetch, server: RangeServer
+) -> None:
+    server.fault = lambda start, hit: "truncate" if start == 0 else "ignore-range"
+
+    stats = fetch(parts=1)
+
+    assert fetch.target.read_bytes() == fetch.data
+    assert stats.retries == 1
+    assert server.starts() == [0, SIZE // 2]
+
+
+@pytest.mark.parametrize("status", [403, 404, 400])
+def test_a_client_error_fails_at_once(status: int, fetch: Fetch, server: RangeServer) -> None:
+    server.fault = lambda start, hit: f"status:{status}" if start == RANGE else None
+
+    failed, elapsed = fetch.fails()
+
+    assert (failed.step, failed.reason) == ("download", f"http-{status}")
+    assert server.hits[RANGE] == 1
+    assert elapsed < 1
+
+
+def test_a_range_that_keeps_failing_exhausts_its_retries(fetch: Fetch, server: RangeServer) -> None:
+    server.fault = lambda start, hit: "status:500" if start == RANGE else None
+
+    failed, elapsed = fetch.fails(max_retries=2)
+
+    assert (failed.step, failed.reason, failed.detail) == (
+        "download",
+        "retries-exhausted",
+        "http-500",
+    )
+    assert server.hits[RANGE] == 3
+    assert elapsed < 2
+
+
+def test_a_wrong_sha256_fails_verification(fetch: Fetch) -> None:
+    failed, _ = fetch.fails(sha256="0" * 64)
+
+    assert (failed.step, failed.reason) == ("verify", "sha256-mismatch")
+
+
+@pytest.mark.parametrize("delta", [1, -1, 10 * MIB], ids=["one more", "one less", "far more"])
+def test_a_wrong_size_fails_verification(delta: int, fetch: Fetch) -> None:
+    failed, elapsed = fetch.fails(size=SIZE + delta)
+
+    assert (failed.step, failed.reason) == ("verify", "size-mismatch")
+    assert elapsed < 2
+
+
+def test_the_deadline_bounds_the_whole_download(fetch: Fetch, server: RangeServer) -> None:
+    server.fault = lambda start, hit: "hang" if start == RANGE else None
+
+    failed, elapsed = fetch.fails(deadline=time.monotonic() + 0.5, stall_timeout=10)
+
+    assert (failed.step, failed.reason) == ("download", "deadline")
+    assert elapsed < 0.5 + 1.5
+
+
+def test_stalls_that_repeat_until_the_deadline_fail_on_the_deadline(
+    fetch: Fetch, server: RangeServer
+) -> None:
+    server.fault = lambda start, hit: "hang" if start == RANGE else None
+
+    failed, elapsed = fetch.fails(
+        deadline=time.monotonic() + 1.0, stall_timeout=0.2, max_retries=100
+    )
+
+    assert (failed.step, failed.reason) == ("download", "deadline")
+    assert elapsed < 1.0 + 1.5
+
+
+@pytest.mark.parametrize("fault", ["hang", "slow"])
+def test_cancel_stops_promptly(fault: str, fetch: Fetch, server: RangeServer) -> None:
+    """Cancelled while a range hangs, or while every worker is busy writing."""
+    server.fault = lambda start, hit: fault if fault == "slow" or start == RANGE else None
+    cancel = threading.Event()
+    timer = threading.Timer(0.3, cancel.set)
+    timer.start()
+
+    failed, elapsed = fetch.fails(cancel=cancel, stall_timeout=10)
+
+    timer.join()
+    assert (failed.step, failed.reason) == ("download", "cancelled")
+    assert elapsed < 0.3 + 0.7

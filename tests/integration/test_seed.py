@@ -1,0 +1,502 @@
+"""Seeding end to end: the seed function invoked as Lambda would, the local runtime running
+the real slot task, real git and squashfs-tools, moto over HTTP standing in for DynamoDB and
+R2, presigned URLs fetched for real."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from conftest import Stack
+from functions import event, invoke, load_function
+from repos import git, make_repository, tree
+from seedkeeper import transitions
+from seedkeeper.config import seed_service
+from seedkeeper.publish import publish
+from seedkeeper.r2 import R2Settings, backup_key
+from seedkeeper.record import State, Supported
+from seedkeeper.runtime import LocalRuntime, RuntimeSettings, TaskStatus
+from seedkeeper.seeding import SeedSettings
+from seedkeeper.snapshots import Archive, NewSnapshot
+from seedkeeper.task import CHECKOUT, MARKER, STATE_DIR
+
+seed_function = load_function("seed")
+ORIGIN = "https://git.example.com/acme/widgets.git"
+
+
+@dataclass
+class Slots:
+    stack: Stack
+    runtime: LocalRuntime
+    root: Path
+
+    def publish(self, repo: Path, deps: Path | None = None) -> dict[str, Any]:
+        """Publish `repo` and answer the seed handle as status reports it."""
+        recorded = publish(
+            resource="widgets",
+            checkout=repo,
+            snapshots=self.stack.snapshots,
+            r2=self.stack.r2,
+            deps=deps,
+            lockfile_hash="lock-1" if deps else None,
+        )
+        handle = self.stack.snapshots.status("widgets").seed_handle
+        assert handle is not None
+        assert handle.sha == recorded.current.sha
+        return {"resource": "widgets", **handle.model_dump()}
+
+    def body(
+        self, seed: dict[str, Any] | None, slot: str = "slot-1", **claim: str
+    ) -> dict[str, Any]:
+        if seed is None:
+            return {"slot": slot, "seed": None}
+        owner = {
+            "run": "run-1",
+            "requester": "alice",
+            "thread": "thread-1",
+            "repository": "acme/widgets",
+            "ref": seed["ref"],
+            "head": seed["sha"],
+        } | claim
+        return {"slot": slot, "seed": seed, "claim": owner, "origin": ORIGIN}
+
+    def seed(self, body: dict[str, Any]) -> tuple[int, Any]:
+        return invoke(seed_function, event("seed-new", body=body))
+
+    def settle(self, body: dict[str, Any], seconds: float = 90) -> tuple[int, Any]:
+        """Poll as the executor does until the answer is final."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            status, answer = self.seed(body)
+            if status != 202:
+                return status, answer
+            time.sleep(0.2)
+        raise AssertionError(f"still seeding after {seconds}s: {self.log(body['slot'])}")
+
+    def workspace(self, slot: str = "slot-1") -> Path:
+        return self.runtime.workspace(slot)
+
+    def attempts(self, slot: str = "slot-1") -> list[str]:
+        return sorted(p.name for p in self.workspace(slot).parent.glob("attempt-*.json"))
+
+    def log(self, slot: str) -> str:
+        logs = sorted(self.workspace(slot).parent.glob("attempt-*.log"))
+        return "\n".join(path.read_text()[-3000:] for path in logs)
+
+    def record(self, slot: str = "slot-1") -> Any:
+        classified = self.stack.store.lifecycle().read(slot)
+        assert isinstance(classified, Supported), classified
+        return classified.record
+
+
+@pytest.fixture
+def slots(stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Slots]:
+    data = tmp_path / "data"
+    monkeypatch.setenv("SEEDKEEPER_RUNTIME", "local")
+    monkeypatch.setenv("SEEDKEEPER_DATA_DIR", str(data))
+    monkeypatch.setenv("SEEDKEEPER_RESTORE_TIMEOUT", "60")
+    runtime = LocalRuntime(data)
+    yield Slots(stack, runtime, tmp_path)
+    for record in (data / "slots").glob("*/attempt-*.json"):
+        slot, attempt = record.parent.name, record.stem.removeprefix("attempt-")
+        runtime.stop(f"local:{slot}:{attempt}", grace=2)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return make_repository(tmp_path)
+
+
+@pytest.fixture
+def deps(tmp_path: Path) -> Path:
+    folder = tmp_path / "deps"
+    (folder / "left-pad").mkdir(parents=True)
+    (folder / "left-pad" / "index.js").write_text("module.exports = 1\n")
+    return folder
+
+
+def test_a_published_snapshot_seeds_a_slot(slots: Slots, repo: Path, deps: Path) -> None:
+    seed = slots.publish(repo, deps)
+    body = slots.body(seed)
+    status, first = slots.seed(body)
+    assert status == 202
+    assert first["state"] == "seeding"
+    assert first["incarnation"] == "local:slot-1:1"
+    assert first["claim"] == body["claim"]
+
+    status, answer = slots.settle(body)
+    assert status == 200, slots.log("slot-1")
+    assert answer["seeded"] is True
+    assert answer["cached"] is True
+    assert (answer["ref"], answer["sha"]) == (seed["ref"], seed["sha"])
+    assert answer["from"] == seed["checkout_backup_id"]
+    assert set(answer["steps"]) >= {"download", "extract", "fixup"}
+    assert answer["incarnation"] == "local:slot-1:1"
+    record = slots.record()
+    assert record.state is State.SEEDED
+    assert record.window.unsettled == 0
+
+    checkout = slots.workspace() / CHECKOUT
+    assert (checkout / ".git").is_dir()
+    assert git(checkout, "symbolic-ref", "--short", "HEAD") == seed["ref"]
+    assert git(checkout, "rev-parse", "HEAD") == seed["sha"]
+    assert git(checkout, "remote", "get-url", "origin") == ORIGIN
+    installed = checkout / "node_modules" / "left-pad" / "index.js"
+    assert installed.read_text() == "module.exports = 1\n"
+    assert (checkout / "src" / "tool.sh").stat().st_mode & 0o111
+    marker = json.loads((slots.workspace() / STATE_DIR / MARKER).read_text())
+    assert marker["seed"]["checkout_backup_id"] == seed["checkout_backup_id"]
+    assert marker["owner"] == body["claim"]
+    assert not (slots.workspace() / STATE_DIR / "downloads").exists()
+
+
+def test_polling_after_work_leaves_the_checkout_untouched(slots: Slots, repo: Path) -> None:
+    body = slots.body(slots.publish(repo))
+    slots.seed(body)
+    assert slots.settle(body)[1]["seeded"] is True
+    checkout = slots.workspace() / CHECKOUT
+    (checkout / "src" / "feature.py").write_text("NEW = True\n")
+    git(checkout, "add", "-A")
+    author = ("-c", "user.email=run@example.com", "-c", "user.name=run")
+    git(checkout, *author, "commit", "-qm", "run work")
+    (checkout / "README.md").write_text("# uncommitted edit\n")
+    before = tree(slots.workspace())
+    head = git(checkout, "rev-parse", "HEAD")
+    deadline_before = slots.record().idle_deadline
+
+    for _ in range(3):
+        status, answer = slots.seed(body)
+        assert (status, answer["seeded"], answer["cached"]) == (200, True, True)
+    assert tree(slots.workspace()) == before
+    assert git(checkout, "rev-parse", "HEAD") == head
+    assert slots.attempts() == ["attempt-1.json"]
+    assert slots.record().idle_deadline >= deadline_before
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"claim": {"run": "run-2", "requester": "mallory"}}, "claim-mismatch"),
+        ({"claim": None}, "claim-mismatch"),
+        ({"seed": {"ref": "other-branch"}}, "seed-mismatch"),
+        ({"origin": "https://git.example.com/acme/fork.git"}, "origin-mismatch"),
+        ({"origin": None}, "origin-mismatch"),
+    ],
+)
+def test_anyone_else_gets_409_and_learns_nothing(
+    slots: Slots, repo: Path, change: dict[str, Any], reason: str
+) -> None:
+    body = slots.body(slots.publish(repo))
+    assert slots.seed(body)[0] == 202
+    other = json.loads(json.dumps(body))
+    for field, value in change.items():
+        if isinstance(value, dict) and isinstance(other.get(field), dict):
+            other[field] |= value
+        else:
+            other[field] = value
+    status, answer = slots.seed(other)
+    assert (status, answer) == (409, {"error": reason})
+    text = json.dumps(answer)
+    for secret in ("alice", "run-1", "thread-1", body["seed"]["checkout_backup_id"]):
+        assert secret not in text
+    assert slots.attempts() == ["attempt-1.json"]
+
+
+def test_a_cold_slot_is_born_unseeded_and_runs_without_a_restore(slots: Slots) -> None:
+    status, answer = slots.seed(slots.body(None, slot="cold-1"))
+    assert status == 200
+    assert answer == {
+        "state": "unseeded",
+        "seeded": False,
+        "slot": "cold-1",
+        "attempt": 1,
+        "incarnation": "local:cold-1:1",
+    }
+    record = slots.record("cold-1")
+    assert record.state is State.UNSEEDED
+    assert record.window.unsettled == 0
+    assert slots.runtime.status("local:cold-1:1") is TaskStatus.RUNNING
+    assert not (slots.workspace("cold-1") / CHECKOUT).exists()
+
+
+def test_a_backup_id_no_generation_names_is_seed_missing_with_no_effect(
+    slots: Slots, repo: Path
+) -> None:
+    seed = slots.publish(repo) | {"checkout_backup_id": "widgets-checkout-forged"}
+    presigned: list[str] = []
+    service = seed_service(slots.stack.store, R2Settings(), RuntimeSettings(), SeedSettings())
+    r2_client = service._r2._s3  # type: ignore[union-attr]  # observe presigning
+    r2_client.meta.events.register(
+        "before-sign.s3", lambda **kwargs: presigned.append(kwargs["operation_name"])
+    )
+    status, answer = slots.seed(slots.body(seed))
+    missing = {"seeded": False, "reason": "seed-missing", "step": None, "detail": None}
+    assert (status, answer) == (200, missing)
+    assert presigned == []
+    assert slots.stack.store.lifecycle().read("slot-1").__class__.__name__ == "Absent"
+    assert not slots.workspace().parent.exists() or slots.attempts() == []
+
+
+def record_archive(
+    slots: Slots, backup_id: str, body: bytes, *, size: int, sha256: str, sha: str
+) -> dict[str, Any]:
+    """Put bytes in R2 under backup_id and record them as the resource's current snapshot."""
+    s3 = boto3.client("s3", endpoint_url=slots.stack.endpoint, region_name="auto")
+    bucket = slots.stack.r2_settings.bucket or ""
+    s3.put_object(Bucket=bucket, Key=backup_key(backup_id), Body=body)
+    slots.stack.snapshots.record(
+        NewSnapshot(
+            resource="widgets",
+            ref="main",
+            sha=sha,
+            created_at=1_800_000_000,
+            checkout=Archive(backup_id=backup_id, size=size, sha256=sha256),
+        )
+    )
+    return {
+        "resource": "widgets",
+        "ref": "main",
+        "sha": sha,
+        "checkout_backup_id": backup_id,
+        "deps_backup_id": None,
+    }
+
+
+def verdict(answer: dict[str, Any]) -> tuple[bool, str, str]:
+    return answer["seeded"], answer["reason"], answer["step"]
+
+
+def squashfs_of(source: Path, target: Path) -> bytes:
+    argv = ["mksquashfs", str(source), str(target), "-comp", "zstd", "-noappend", "-quiet"]
+    subprocess.run([*argv, "-no-progress"], check=True)
+    return target.read_bytes()
+
+
+def assert_no_half_tree(slots: Slots, slot: str) -> None:
+    workspace = slots.workspace(slot)
+    assert not (workspace / CHECKOUT).exists()
+    assert not (workspace / STATE_DIR / MARKER).exists()
+    assert not (workspace / STATE_DIR / "downloads").exists()
+    assert not [p for p in workspace.iterdir() if ".staging" in p.name]
+
+
+def test_a_corrupted_archive_fails_at_verify_with_no_half_tree(
+    slots: Slots, repo: Path, tmp_path: Path
+) -> None:
+    image = squashfs_of(repo, tmp_path / "good.sqsh")
+    corrupted = bytearray(image)
+    corrupted[len(corrupted) // 2] ^= 0xFF
+    seed = record_archive(
+        slots,
+        "widgets-corrupt",
+        bytes(corrupted),
+        size=len(image),
+        sha256=hashlib.sha256(image).hexdigest(),
+        sha=git(repo, "rev-parse", "HEAD"),
+    )
+    body = slots.body(seed, slot="corrupt")
+    assert slots.seed(body)[0] == 202
+    status, answer = slots.settle(body)
+    verdict = (status, answer["seeded"], answer["reason"], answer["step"])
+    assert verdict == (200, False, "seed-failed", "verify")
+    assert_no_half_tree(slots, "corrupt")
+    assert slots.record("corrupt").state is State.SEED_FAILED
+
+
+def test_an_object_shorter_than_recorded_fails_at_verify_with_no_half_tree(
+    slots: Slots, repo: Path, tmp_path: Path
+) -> None:
+    image = squashfs_of(repo, tmp_path / "good.sqsh")
+    seed = record_archive(
+        slots,
+        "widgets-short",
+        image[: len(image) // 2],
+        size=len(image),
+        sha256=hashlib.sha256(image).hexdigest(),
+        sha=git(repo, "rev-parse", "HEAD"),
+    )
+    body = slots.body(seed, slot="short")
+    slots.seed(body)
+    _, answer = slots.settle(body)
+    assert verdict(answer) == (False, "seed-failed", "verify")
+    assert_no_half_tree(slots, "short")
+
+
+def test_a_download_cut_short_every_time_fails_at_download_with_no_half_tree(
+    slots: Slots, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seed = slots.publish(repo)
+    proxy = TamperingProxy(slots.stack.endpoint, mode="truncate")
+    monkeypatch.setenv("SEEDKEEPER_R2_ENDPOINT", proxy.endpoint)
+    body = slots.body(seed, slot="cut")
+    slots.seed(body)
+    _, answer = slots.settle(body)
+    assert verdict(answer) == (
+        False,
+        "seed-failed",
+        "download",
+    )
+    assert "retries-exhausted" in answer["detail"]
+    assert_no_half_tree(slots, "cut")
+    proxy.shutdown()
+
+
+def test_an_archive_with_an_escaping_symlink_is_refused_and_writes_nothing_outside(
+    slots: Slots, repo: Path, tmp_path: Path
+) -> None:
+    (repo / "escape").symlink_to("../../../../outside-the-slot")
+    image = squashfs_of(repo, tmp_path / "evil.sqsh")
+    seed = record_archive(
+        slots,
+        "widgets-evil",
+        image,
+        size=len(image),
+        sha256=hashlib.sha256(image).hexdigest(),
+        sha=git(repo, "rev-parse", "HEAD"),
+    )
+    body = slots.body(seed, slot="evil")
+    slots.seed(body)
+    _, answer = slots.settle(body)
+    assert verdict(answer) == (False, "seed-failed", "extract")
+    assert_no_half_tree(slots, "evil")
+    assert not (slots.workspace("evil").parents[2] / "outside-the-slot").exists()
+
+
+class TamperingProxy(http.server.ThreadingHTTPServer):
+    """Stands between the slot task and R2: holds archive GETs until released ("stall"),
+    or sends half of each body and hangs up ("truncate")."""
+
+    def __init__(self, upstream: str, mode: str = "stall") -> None:
+        self.upstream = upstream
+        self.mode = mode
+        self.release = threading.Event()
+        self.gets = threading.Event()
+        super().__init__(("127.0.0.1", 0), _ProxyHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _ProxyHandler(http.server.BaseHTTPRequestHandler):
+    server: TamperingProxy
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.server.gets.set()
+        if self.server.mode == "stall":
+            self.server.release.wait(120)
+        request = urllib.request.Request(self.server.upstream + self.path)  # noqa: S310
+        if "Range" in self.headers:
+            request.add_header("Range", self.headers["Range"])
+        assert request.full_url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(request, timeout=30) as upstream:  # noqa: S310 - loopback
+            body = upstream.read()
+            self.send_response(upstream.status)
+            for name in ("Content-Range", "Content-Type", "ETag"):
+                if upstream.headers.get(name):
+                    self.send_header(name, upstream.headers[name])
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.server.mode == "truncate":
+                body = body[: len(body) // 2]
+                self.close_connection = True
+            self.wfile.write(body)
+
+
+def test_a_task_killed_mid_download_stays_seeding_and_the_next_attempt_spares_a_bound_checkout(
+    slots: Slots, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seed = slots.publish(repo)
+    proxy = TamperingProxy(slots.stack.endpoint, mode="stall")
+    monkeypatch.setenv("SEEDKEEPER_R2_ENDPOINT", proxy.endpoint)
+    body = slots.body(seed, slot="killed")
+    status, answer = slots.seed(body)
+    assert status == 202
+    assert proxy.gets.wait(30), slots.log("killed")
+    process = json.loads((slots.workspace("killed").parent / "attempt-1.json").read_text())
+    os.killpg(process["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while slots.runtime.status(answer["incarnation"]) is not TaskStatus.STOPPED:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+    record = slots.record("killed")
+    assert record.state is State.SEEDING
+    assert record.window.unsettled == 1  # the detached restore: the sweep retains the slot
+    assert isinstance(transitions.fence(record, now=record.idle_deadline + 1), transitions.Refused)
+
+    # A bound checkout in the workspace (as a writer could leave one): nothing may sweep it.
+    workspace = slots.workspace("killed")
+    (workspace / CHECKOUT).mkdir(parents=True, exist_ok=True)
+    (workspace / CHECKOUT / "work.txt").write_text("unpublished work\n")
+    (workspace / STATE_DIR).mkdir(exist_ok=True)
+    marker = {
+        "slot": "killed",
+        "attempt": 1,
+        "seed": seed,
+        "owner": body["claim"],
+        "origin": ORIGIN,
+        "head": seed["sha"],
+    }
+    (workspace / STATE_DIR / MARKER).write_text(json.dumps(marker))
+    bound = tree(workspace / CHECKOUT)
+
+    proxy.release.set()
+    _, answer = slots.settle(body)
+    assert slots.attempts("killed") == ["attempt-1.json", "attempt-2.json"]
+    assert verdict(answer) == (False, "seed-failed", "sweep")
+    assert tree(workspace / CHECKOUT) == bound
+    record = slots.record("killed")
+    assert record.attempt == 2
+    assert [entry.status.value for entry in record.window.entries] == ["unknown", "settled"]
+    proxy.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("name", "documented"),
+    [
+        ("seed-healthz", 200),
+        ("seed-bad-ref", 400),
+        ("seed-cold", 200),
+        ("seed-new", 200),  # no generation records the event's ids: seed-missing, run cold
+    ],
+)
+def test_every_seed_event_gives_its_documented_status(
+    slots: Slots, name: str, documented: int
+) -> None:
+    status, _ = invoke(seed_function, event(name))
+    assert status == documented
+
+
+def test_the_new_poll_and_other_owner_events_against_a_recorded_generation(slots: Slots) -> None:
+    new = json.loads(event("seed-new")["body"])
+    seed = new["seed"]
+    s3 = boto3.client("s3", endpoint_url=slots.stack.endpoint, region_name="auto")
+    rotation = json.loads(event("rotation-post")["body"])
+    for part in ("checkout", "deps"):
+        key = backup_key(rotation[part]["backup_id"])
+        s3.put_object(Bucket=slots.stack.r2_settings.bucket or "", Key=key, Body=b"x")
+    slots.stack.snapshots.record(NewSnapshot.model_validate(rotation))
+    assert seed["checkout_backup_id"] == rotation["checkout"]["backup_id"]
+    assert invoke(seed_function, event("seed-new"))[0] == 202
+    assert invoke(seed_function, event("seed-poll"))[0] in {200, 202}
+    status, answer = invoke(seed_function, event("seed-other-owner"))
+    assert (status, answer) == (409, {"error": "claim-mismatch"})
