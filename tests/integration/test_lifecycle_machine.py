@@ -80,13 +80,29 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
         def settle_seed(self, succeeded: bool, attempt: int) -> None:
             record = self.record()
             if record:
+                restores = [e for e in record.window.entries if e.kind is OpKind.RESTORE]
+                restore = (
+                    restores[-1].ref
+                    if restores
+                    else OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=1)
+                )
                 lifecycle.settle_seed(
                     record,
-                    attempt=attempt,
-                    restore=OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=1),
+                    attempt=attempt if attempt == 1 else record.attempt,
+                    restore=restore,
                     result=success() if succeeded else failure(),
                     now=self.now,
                 )
+
+        @precondition(lambda self: self.previous_state is State.SEEDING)
+        @rule()
+        def a_lost_task_is_replaced(self) -> None:
+            record = self.record()
+            if record:
+                outcome = lifecycle.begin_attempt(record, now=self.now)
+                if isinstance(outcome, Written):
+                    assert outcome.record.attempt == record.attempt + 1
+                    assert outcome.record.window.unsettled >= record.window.unsettled
 
         @rule(by_owner=st.booleans())
         def touch(self, by_owner: bool) -> None:

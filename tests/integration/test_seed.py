@@ -25,7 +25,7 @@ from conftest import Stack
 from functions import event, invoke, load_function
 from repos import git, make_repository, tree
 from seedkeeper import transitions
-from seedkeeper.config import seed_service
+from seedkeeper.config import seed_service, seed_service_from_env
 from seedkeeper.publish import publish
 from seedkeeper.r2 import R2Settings, backup_key
 from seedkeeper.record import State, Supported
@@ -162,6 +162,10 @@ def test_a_published_snapshot_seeds_a_slot(slots: Slots, repo: Path, deps: Path)
     assert marker["seed"]["checkout_backup_id"] == seed["checkout_backup_id"]
     assert marker["owner"] == body["claim"]
     assert not (slots.workspace() / STATE_DIR / "downloads").exists()
+    events = [json.loads(line) for line in slots.log("slot-1").splitlines() if line.strip()]
+    assert [e["message"] for e in events][:2] == ["task started", "restore settled"]
+    assert "X-Amz-Signature" not in slots.log("slot-1")
+    assert slots.stack.endpoint not in slots.log("slot-1")
 
 
 def test_polling_after_work_leaves_the_checkout_untouched(slots: Slots, repo: Path) -> None:
@@ -500,3 +504,18 @@ def test_the_new_poll_and_other_owner_events_against_a_recorded_generation(slots
     assert invoke(seed_function, event("seed-poll"))[0] in {200, 202}
     status, answer = invoke(seed_function, event("seed-other-owner"))
     assert (status, answer) == (409, {"error": "claim-mismatch"})
+
+
+def test_a_poll_costs_one_dynamodb_call(slots: Slots, repo: Path) -> None:
+    body = slots.body(slots.publish(repo))
+    slots.seed(body)
+    slots.settle(body)
+    calls: list[str] = []
+    service = seed_service_from_env()
+    table_client = service._lifecycle._table.meta.client
+    table_client.meta.events.register(
+        "before-call.dynamodb", lambda event_name, **_: calls.append(event_name)
+    )
+    status, _ = slots.seed(body)
+    assert status == 200
+    assert calls == ["before-call.dynamodb.UpdateItem"]

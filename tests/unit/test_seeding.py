@@ -1,0 +1,92 @@
+"""The seed function's pure decisions: who may attach, and what each state answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from builders import ORIGIN, owner, record_in, seed
+from seedkeeper.record import State, Supported, Unsupported
+from seedkeeper.seeding import (
+    Cold,
+    NotSeeded,
+    Seeded,
+    Seeding,
+    SeedRequest,
+    _answer,
+    _refusal,
+)
+
+
+def request(**changes: Any) -> SeedRequest:
+    fields: dict[str, Any] = {
+        "slot": "slot-1",
+        "seed": seed(),
+        "claim": owner(),
+        "origin": ORIGIN,
+    }
+    return SeedRequest(**(fields | changes))
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"claim": owner(run="run-2")}, "claim-mismatch"),
+        ({"claim": owner(head="b" * 40)}, "claim-mismatch"),
+        ({"claim": None}, "claim-mismatch"),
+        ({"seed": seed(sha="c" * 40)}, "seed-mismatch"),
+        ({"seed": None}, "seed-mismatch"),
+        ({"origin": None}, "origin-mismatch"),
+        ({"origin": "https://git.example.com/other.git"}, "origin-mismatch"),
+        ({}, None),
+    ],
+)
+def test_only_the_same_owner_seed_and_origin_may_attach(
+    changes: dict[str, Any], reason: str | None
+) -> None:
+    assert _refusal(request(**changes), Supported(record_in(State.SEEDED))) == reason
+
+
+def test_an_unsupported_record_refuses_everyone() -> None:
+    assert _refusal(request(), Unsupported("slot-1", 2)) == "record-unsupported"
+
+
+def test_a_closed_slot_refuses_even_its_owner() -> None:
+    closing = record_in(State.CLOSING)
+    cold = request(seed=None, claim=None, origin=None)
+    assert _refusal(cold, Supported(closing)) == "slot-closed"
+
+
+@pytest.mark.parametrize(
+    ("state", "status", "answer"),
+    [
+        (State.SEEDING, 202, Seeding),
+        (State.SEEDED, 200, Seeded),
+        (State.SEED_FAILED, 200, NotSeeded),
+        (State.UNSEEDED, 200, Cold),
+    ],
+)
+def test_each_state_has_its_answer(state: State, status: int, answer: type) -> None:
+    code, body = _answer(record_in(state))
+    assert code == status
+    assert isinstance(body, answer)
+
+
+def test_the_seeded_answer_uses_the_wire_names() -> None:
+    _, body = _answer(record_in(State.SEEDED))
+    wire = body.model_dump(mode="json")
+    assert wire["from"] == "checkout-0001"
+    assert wire["seeded"] is True
+    assert wire["cached"] is True
+    assert wire["claim"] == owner().model_dump()
+    assert "from_" not in wire
+
+
+def test_a_request_refuses_unknown_fields_and_credentials_in_the_origin() -> None:
+    with pytest.raises(ValueError, match="bearer"):
+        SeedRequest.model_validate({"slot": "s", "seed": None, "bearer": "token"})
+    with pytest.raises(ValueError, match="user-info"):
+        request(origin="https://user:token@git.example.com/r.git")
+    with pytest.raises(ValueError, match="seed"):
+        SeedRequest.model_validate({"slot": "s"})
