@@ -47,5 +47,23 @@ format: setup ## Apply ruff's fixes and formatting
 
 pr: lint test ## Everything a change must pass before it lands
 
+bench: setup bench-packages ## Benchmark the restore against curl + unsquashfs + git checkout (nginx on loopback)
+	$(BIN)/python benchmarks/restore.py
+
+# nginx serves the benchmark's archives on loopback; curl is the baseline's downloader.
+.PHONY: bench bench-packages
+bench-packages:
+	@missing=""; \
+	command -v nginx >/dev/null || test -x /usr/sbin/nginx || missing="$$missing nginx"; \
+	command -v curl >/dev/null || missing="$$missing curl"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing$$missing with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "please install:$$missing (apt-get needs root here)" >&2; exit 1; \
+	  fi; \
+	fi
+
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

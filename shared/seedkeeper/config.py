@@ -13,10 +13,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from seedkeeper.clock import epoch_seconds
 from seedkeeper.lifecycle import Lifecycle
 from seedkeeper.r2 import R2, R2Settings, transfer_mode
+from seedkeeper.receipts import Witness
 from seedkeeper.rotation import Snapshots
 from seedkeeper.runtime import RuntimeSettings, runtime_from
 from seedkeeper.seeding import SeedService, SeedSettings
 from seedkeeper.snapshot_store import SnapshotStore
+from seedkeeper.sweep import Sweeper, SweepSettings
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -70,3 +72,31 @@ def seed_service(
 
 def seed_service_from_env() -> SeedService:
     return seed_service(StoreSettings(), R2Settings(), RuntimeSettings(), SeedSettings())
+
+
+@cache
+def witness(store: StoreSettings, r2: R2Settings) -> Witness:
+    return Witness(store.lifecycle(), r2_if_configured(r2), epoch_seconds)
+
+
+def witness_from_env() -> Witness:
+    return witness(StoreSettings(), R2Settings())
+
+
+@cache
+def sweeper(
+    store: StoreSettings, r2: R2Settings, runtime: RuntimeSettings, sweep: SweepSettings
+) -> Sweeper:
+    table = store.table_resource()
+    return Sweeper(
+        table=table,
+        lifecycle=Lifecycle(table),
+        runtime=lambda: runtime_from(runtime),  # built only when a slot may be stopped
+        snapshots=snapshots(store, r2),
+        settings=sweep,
+        clock=epoch_seconds,
+    )
+
+
+def sweeper_from_env() -> Sweeper:
+    return sweeper(StoreSettings(), R2Settings(), RuntimeSettings(), SweepSettings())

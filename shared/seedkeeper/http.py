@@ -42,6 +42,10 @@ class ErrorAnswer(Model):
     fields: tuple[FieldError, ...] = ()
 
 
+# The one refusal for an absent slot and for any mismatch: no existence oracle.
+NO_MATCH = ErrorAnswer(error="no-match")
+
+
 class Health(Model):
     ok: bool
     build: str

@@ -206,6 +206,10 @@ class Lifecycle:
         same_owner = _equals("owner", checkpoint.owner)
         return self._apply(record, decision, same_incarnation & same_owner)
 
+    def note_retained(self, record: SlotRecord, *, reason: str, now: int) -> Outcome:
+        decision = transitions.note_retained(record, reason=reason, now=now)
+        return self._apply(record, decision, None)
+
     def reserve(self, record: SlotRecord, *, kind: OpKind, actor: Actor, now: int) -> Outcome:
         decision = transitions.reserve(record, kind=kind, actor=actor, now=now)
         not_retired = Attr("state").ne(State.RETIRED.value)

@@ -6,3 +6,4 @@ from __future__ import annotations
 from aws_lambda_powertools import Logger
 
 logger = Logger(service="seedkeeper")
+METRICS_NAMESPACE = "Seedkeeper"

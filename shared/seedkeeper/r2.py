@@ -315,6 +315,19 @@ class R2:
             raise R2Unavailable("UploadNotVisible")
         return facts
 
+    def bucket_exists(self) -> bool:
+        """Whether the configured bucket is there: tells a missing object (a bare 404 on
+        HEAD) from a missing or misnamed bucket (the same bare 404)."""
+        try:
+            self._s3.head_bucket(Bucket=self._bucket)
+        except (ClientError, BotoCoreError) as error:
+            if isinstance(error, ClientError) and _code(error) in _NOT_FOUND_CODES | {
+                "NoSuchBucket"
+            }:
+                return False
+            raise translate_r2_error(error) from error
+        return True
+
     def create_bucket(self) -> bool:
         """Create the bucket (R2's location is "auto"); False if it was already ours."""
         try:

@@ -14,8 +14,8 @@ from http import HTTPStatus
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from seedkeeper.checkpoints import IdleSettings
 from seedkeeper.lifecycle import Conflict, Lifecycle, Written
 from seedkeeper.models import Model, Origin, OwnerClaim, SeedIdentity, SlotId
 from seedkeeper.opwindow import OpRef
@@ -39,10 +39,7 @@ from seedkeeper.transitions import Acknowledged, Refused
 _ROUNDS = 4
 
 
-class SeedSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SEEDKEEPER_", extra="ignore", frozen=True)
-
-    idle_window: Annotated[int, Field(ge=60, le=7 * 86_400)] = 1800
+class SeedSettings(IdleSettings):
     max_attempts: Annotated[int, Field(ge=1, le=8)] = 3
     deps_path: str = "node_modules"
 

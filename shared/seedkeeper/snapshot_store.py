@@ -23,6 +23,9 @@ CURRENT_SK = "SNAPSHOT#current"
 RETIRED_SK = "SNAPSHOT#retired"
 DEPS_PREFIX = "DEPS#"
 GARBAGE_PREFIX = "GARBAGE#"
+# Ledger entries sit in the sweep's sparse index under their own partition, keyed by when
+# they became owed, so the sweep finds every debt without scanning.
+DEBT_PARTITION = "debt"
 # DynamoDB's limit on the items of one transaction.
 TRANSACTION_ITEMS = 100
 
@@ -162,13 +165,18 @@ def _names_object(backup_id: str) -> ConditionBase:
     return Attr("SK").not_exists() | Attr("backup_id").eq(backup_id)
 
 
-def _put(pk: str, sk: str, body: BaseModel, condition: ConditionBase) -> dict[str, Any]:
-    item = {"PK": pk, "SK": sk, "schema": SCHEMA, **body.model_dump(mode="json", exclude_none=True)}
+def _put(
+    pk: str, sk: str, body: BaseModel, condition: ConditionBase, **index: object
+) -> dict[str, Any]:
+    fields = body.model_dump(mode="json", exclude_none=True)
+    item = {"PK": pk, "SK": sk, "schema": SCHEMA, **fields, **index}
     return {"Put": {"Item": item, **_expression(condition)}}
 
 
 def _owe(pk: str, debt: PendingDeletion) -> dict[str, Any]:
-    return _put(pk, GARBAGE_PREFIX + debt.backup_id, debt, Attr("SK").not_exists())
+    sk = GARBAGE_PREFIX + debt.backup_id
+    first = Attr("SK").not_exists()
+    return _put(pk, sk, debt, first, sweep=DEBT_PARTITION, idle_deadline=debt.since)
 
 
 def _delete(pk: str, sk: str, condition: ConditionBase) -> dict[str, Any]:
@@ -192,12 +200,16 @@ def _expression(condition: ConditionBase) -> dict[str, Any]:
     return expression
 
 
+# Keys and index attributes, not facts of the record.
+_KEYS = frozenset({"PK", "SK", "schema", "sweep", "idle_deadline"})
+
+
 def _resident(resource: str, items: list[dict[str, Any]]) -> Resident:
     current = retired = None
     deps: list[DepsEntry] = []
     pending: list[PendingDeletion] = []
     for item in items:
-        fields = {k: v for k, v in item.items() if k not in {"PK", "SK", "schema"}}
+        fields = {k: v for k, v in item.items() if k not in _KEYS}
         sk = item["SK"]
         try:
             if item.get("schema") != SCHEMA:

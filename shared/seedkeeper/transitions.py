@@ -193,6 +193,15 @@ def record_checkpoint(
     return Change(_next(record, now, checkpoint=checkpoint, window=settled.window), settled.entry)
 
 
+def note_retained(record: SlotRecord, *, reason: str, now: int) -> Decision:
+    """Why the sweep keeps this slot: written once, not again while the reason holds."""
+    if record.retained_reason == reason:
+        return Acknowledged(record)
+    if record.state is State.RETIRED:
+        return Refused("state-retired")
+    return Change(_next(record, now, retained_reason=reason))
+
+
 def reserve(record: SlotRecord, *, kind: OpKind, actor: Actor, now: int) -> Decision:
     """Reserve an effect before starting it; a full window refuses before any effect."""
     if record.state not in LIVE_STATES | {State.CLOSING}:

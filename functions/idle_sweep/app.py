@@ -1,0 +1,15 @@
+"""The idle sweep, invoked on a schedule: stops only positively-unseeded idle slots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from seedkeeper.config import sweeper_from_env
+from seedkeeper.observability import logger
+
+
+@logger.inject_lambda_context(clear_state=True)
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return sweeper_from_env().sweep().summary()

@@ -1,0 +1,281 @@
+"""The idle sweep against moto's DynamoDB: the full decision matrix with real conditional
+writes, touches racing the fence, records it may not write, its cost, its cursor, its
+metrics, and the ledger debts it pays."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import boto3
+import pytest
+
+from builders import EXPIRED, IDLE, INCARNATION, NOW, ORIGIN, failure, owner, seed, success
+from conftest import Stack
+from seedkeeper import transitions
+from seedkeeper.lifecycle import Lifecycle, Written
+from seedkeeper.opwindow import Actor, OpKind
+from seedkeeper.r2 import backup_key
+from seedkeeper.record import SlotRecord, State, Supported, encode, slot_key
+from seedkeeper.runtime import TaskStatus
+from seedkeeper.snapshot_store import SnapshotStore
+from seedkeeper.snapshots import Archive, NewSnapshot, Rotation, plan_rotation
+from seedkeeper.sweep import Sweeper, SweepSettings
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.service_resource import Table
+
+LIVE = [State.UNSEEDED, State.SEEDING, State.SEEDED, State.SEED_FAILED, State.CLOSING]
+FAR = EXPIRED + 100_000
+
+
+@dataclass
+class FakeRuntime:
+    """Answers each incarnation's status as the row says; a row marked `touched` gets a
+    poll exactly while the sweep asks (a request racing the fence in the same tick)."""
+
+    statuses: dict[str, TaskStatus] = field(default_factory=dict)
+    on_status: dict[str, Callable[[], None]] = field(default_factory=dict)
+    asked: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+
+    def launch(self, plan: Any) -> str:
+        raise AssertionError("the sweep never launches")
+
+    def status(self, incarnation: str) -> TaskStatus:
+        self.asked.append(incarnation)
+        if incarnation in self.on_status:
+            self.on_status[incarnation]()
+        return self.statuses.get(incarnation, TaskStatus.UNKNOWN)
+
+    def stop(self, incarnation: str) -> None:
+        self.stopped.append(incarnation)
+
+
+def written(outcome: object) -> SlotRecord:
+    assert isinstance(outcome, Written), outcome
+    return outcome.record
+
+
+def make(lifecycle: Lifecycle, slot: str, state: State, incarnation: str) -> SlotRecord:
+    """A record brought to `state` through the lifecycle module itself."""
+    cold = state in {State.UNSEEDED, State.CLOSING}
+    birth = written(
+        lifecycle.birth(
+            slot,
+            owner=None if cold else owner(),
+            seed=None if cold else seed(),
+            origin=None if cold else ORIGIN,
+            now=NOW,
+            idle_deadline=NOW + IDLE,
+        )
+    )
+    first = birth.window.entries[0].ref
+    record = written(
+        lifecycle.record_incarnation(birth, incarnation=incarnation, launch=first, now=NOW)
+    )
+    if state in {State.SEEDED, State.SEED_FAILED}:
+        verdict = success() if state is State.SEEDED else failure()
+        record = written(
+            lifecycle.settle_seed(record, attempt=1, restore=first, result=verdict, now=NOW)
+        )
+    if state is State.CLOSING:
+        record = written(lifecycle.fence(record, now=EXPIRED))
+    return record
+
+
+def touch(lifecycle: Lifecycle, record: SlotRecord, until: int) -> None:
+    written(
+        lifecycle.touch(
+            record.slot,
+            owner=record.owner,
+            seed=record.seed,
+            origin=record.origin,
+            now=EXPIRED,
+            idle_deadline=until,
+        )
+    )
+
+
+def sweeper(table: Table, runtime: FakeRuntime, **settings: int) -> Sweeper:
+    return Sweeper(
+        table=table,
+        lifecycle=Lifecycle(table),
+        runtime=lambda: runtime,
+        snapshots=None,
+        settings=SweepSettings(**settings),
+        clock=lambda: EXPIRED + 1,
+    )
+
+
+def test_the_whole_matrix_stops_only_what_the_design_permits(
+    table: Table, lifecycle: Lifecycle, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runtime = FakeRuntime()
+    rows = {}
+    for index, (state, expired, unsettled, touched, status) in enumerate(
+        itertools.product(LIVE, [True, False], [True, False], [True, False], list(TaskStatus))
+    ):
+        slot = f"row-{index}"
+        incarnation = f"local:{slot}:1"
+        record = make(lifecycle, slot, state, incarnation)
+        if unsettled and state is not State.CLOSING:
+            record = written(
+                lifecycle.reserve(record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW)
+            )
+        if not expired and state is not State.CLOSING:
+            touch(lifecycle, record, FAR)
+        runtime.statuses[incarnation] = status
+        if touched and state is not State.CLOSING:
+            current = lifecycle.read(slot)
+            assert isinstance(current, Supported)
+            runtime.on_status[incarnation] = lambda r=current.record: touch(lifecycle, r, FAR)
+        idle = state is State.UNSEEDED and expired and not unsettled
+        rows[slot] = (state, idle and not touched and status is TaskStatus.RUNNING, idle, status)
+
+    report = sweeper(table, runtime).sweep()
+
+    stopped = {slot for slot, (_, stops, _, _) in rows.items() if stops}
+    assert set(report.stopped) == stopped
+    assert sorted(runtime.stopped) == sorted(f"local:{slot}:1" for slot in stopped)
+    for slot, (state, stops, idle, status) in rows.items():
+        current = lifecycle.read(slot)
+        assert isinstance(current, Supported)
+        record = current.record
+        if stops:
+            assert record.state is State.RETIRED
+            assert "sweep" not in (table.get_item(Key=slot_key(slot))["Item"])
+        else:
+            assert record.state is state, slot
+        if idle and status is TaskStatus.STOPPED:
+            assert record.retained_reason is None  # an already stopped task: untouched
+    assert report.left["task-stopped"] > 0
+    emitted = [
+        json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line
+    ]
+    reasons = {m["reason"]: m["SlotsRetained"][0] for m in emitted if "SlotsRetained" in m}
+    assert reasons == dict(report.retained)
+
+
+def test_a_retained_reason_is_written_once(table: Table, lifecycle: Lifecycle) -> None:
+    record = make(lifecycle, "kept", State.SEEDED, INCARNATION)
+    runtime = FakeRuntime()
+    first = sweeper(table, runtime).sweep()
+    assert first.retained == {"seeded": 1}
+    noted = lifecycle.read("kept")
+    assert isinstance(noted, Supported)
+    assert noted.record.retained_reason == "seeded"
+    assert noted.record.rev == record.rev + 1
+    calls: list[str] = []
+    table.meta.client.meta.events.register(
+        "before-call.dynamodb", lambda event_name, **_: calls.append(event_name)
+    )
+    second = sweeper(table, runtime).sweep()
+    assert second.retained == {"seeded": 1}
+    assert "before-call.dynamodb.UpdateItem" not in calls
+    assert lifecycle.read("kept") == noted
+    assert runtime.asked == []
+
+
+def test_records_it_may_not_write_are_retained_untouched(
+    table: Table, lifecycle: Lifecycle
+) -> None:
+    make(lifecycle, "future", State.UNSEEDED, "local:future:1")
+    make(lifecycle, "broken", State.UNSEEDED, "local:broken:1")
+    future = {**slot_key("future"), "schema": 99, "sweep": "live", "idle_deadline": NOW, "x": 1}
+    table.put_item(Item=future)
+    broken = table.get_item(Key=slot_key("broken"))["Item"] | {"rev": "seven"}
+    table.put_item(Item=broken)
+    runtime = FakeRuntime(statuses={"local:future:1": TaskStatus.RUNNING})
+    report = sweeper(table, runtime).sweep()
+    assert report.retained == {"record-unsupported": 1, "record-malformed": 1}
+    assert report.stopped == []
+    assert runtime.asked == []
+    assert table.get_item(Key=slot_key("future"))["Item"] == future
+    assert table.get_item(Key=slot_key("broken"))["Item"] == broken
+
+
+def bulk(table: Table, count: int, *, expired: int) -> None:
+    """`count` cold slots, `expired` of them past their deadline (test setup, written raw)."""
+    with table.batch_writer() as batch:
+        for index in range(count):
+            birth = transitions.born(
+                f"bulk-{index}",
+                owner=None,
+                seed=None,
+                origin=None,
+                now=NOW,
+                idle_deadline=NOW + IDLE if index < expired else FAR,
+            )
+            assert birth.entry is not None
+            launched = transitions.record_incarnation(
+                birth.record, incarnation=f"local:bulk-{index}:1", launch=birth.entry.ref, now=NOW
+            )
+            assert isinstance(launched, transitions.Change)
+            batch.put_item(Item=encode(launched.record))
+
+
+def test_the_sweep_reads_the_expired_slots_not_the_table(table: Table) -> None:
+    bulk(table, 10_000, expired=100)
+    runtime = FakeRuntime(statuses={f"local:bulk-{i}:1": TaskStatus.RUNNING for i in range(100)})
+    report = sweeper(table, runtime, page_size=100).sweep()
+    assert len(report.stopped) == 100
+    assert report.read <= 100 + 100 + 1  # the expired items, at most one more page, the cursor
+    assert report.finished
+
+
+def test_a_long_backlog_is_resumed_from_the_cursor(table: Table) -> None:
+    bulk(table, 120, expired=100)
+    runtime = FakeRuntime()  # every task unknown: all retained, nothing stopped
+    seen: list[int] = []
+    for _ in range(10):
+        report = sweeper(table, runtime, page_size=25, max_items=40).sweep()
+        seen.append(sum(report.retained.values()))
+        if report.finished:
+            break
+    assert sum(seen) == 100
+    assert seen[0] < 100  # it really stopped part-way and resumed
+    assert "Item" not in table.get_item(Key={"PK": "SWEEP", "SK": "CURSOR"})
+
+
+def test_the_sweep_pays_the_ledger(stack: Stack) -> None:
+    s3 = boto3.client("s3", endpoint_url=stack.endpoint, region_name="auto")
+    store = SnapshotStore(stack.table)
+    service = stack.snapshots
+    ids = []
+    for n in range(3):
+        backup_id = f"swept-{n}"
+        s3.put_object(Bucket=stack.r2_settings.bucket or "", Key=backup_key(backup_id), Body=b"x")
+        ids.append(backup_id)
+        new = NewSnapshot(
+            resource="swept",
+            ref="main",
+            sha=f"{n:040x}",
+            created_at=NOW + n,
+            checkout=Archive(backup_id=backup_id, size=1, sha256="0" * 64),
+        )
+        # Rotate without paying, as if every deletion had failed.
+        plan = rotation_of(store, new)
+        store.commit_rotation(plan)
+    assert store.read("swept").pending_ids == {"swept-0"}
+    report = Sweeper(
+        table=stack.table,
+        lifecycle=Lifecycle(stack.table),
+        runtime=FakeRuntime,
+        snapshots=service,
+        settings=SweepSettings(),
+        clock=lambda: NOW + 10,
+    ).sweep()
+    assert report.debts_paid == 1
+    assert store.read("swept").pending_ids == set()
+    listed = s3.list_objects_v2(Bucket=stack.r2_settings.bucket or "").get("Contents", [])
+    assert sorted(o["Key"] for o in listed) == [backup_key("swept-1"), backup_key("swept-2")]
+
+
+def rotation_of(store: SnapshotStore, new: NewSnapshot) -> Rotation:
+    plan = plan_rotation(store.read(new.resource), new, now=NOW)
+    assert isinstance(plan, Rotation)
+    return plan
