@@ -5,6 +5,7 @@ metrics, and the ledger debts it pays."""
 from __future__ import annotations
 
 import itertools
+from functools import partial
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -100,13 +101,15 @@ def touch(lifecycle: Lifecycle, record: SlotRecord, until: int) -> None:
     )
 
 
-def sweeper(table: Table, runtime: FakeRuntime, **settings: int) -> Sweeper:
+def sweeper(
+    table: Table, runtime: FakeRuntime, page_size: int = 100, max_items: int = 1000
+) -> Sweeper:
     return Sweeper(
         table=table,
         lifecycle=Lifecycle(table),
         runtime=lambda: runtime,
         snapshots=None,
-        settings=SweepSettings(**settings),
+        settings=SweepSettings(page_size=page_size, max_items=max_items),
         clock=lambda: EXPIRED + 1,
     )
 
@@ -132,7 +135,7 @@ def test_the_whole_matrix_stops_only_what_the_design_permits(
         if touched and state is not State.CLOSING:
             current = lifecycle.read(slot)
             assert isinstance(current, Supported)
-            runtime.on_status[incarnation] = lambda r=current.record: touch(lifecycle, r, FAR)
+            runtime.on_status[incarnation] = partial(touch, lifecycle, current.record, FAR)
         idle = state is State.UNSEEDED and expired and not unsettled
         rows[slot] = (state, idle and not touched and status is TaskStatus.RUNNING, idle, status)
 
@@ -185,7 +188,13 @@ def test_records_it_may_not_write_are_retained_untouched(
 ) -> None:
     make(lifecycle, "future", State.UNSEEDED, "local:future:1")
     make(lifecycle, "broken", State.UNSEEDED, "local:broken:1")
-    future = {**slot_key("future"), "schema": 99, "sweep": "live", "idle_deadline": NOW, "x": 1}
+    future: dict[str, Any] = {
+        **slot_key("future"),
+        "schema": 99,
+        "sweep": "live",
+        "idle_deadline": NOW,
+        "x": 1,
+    }
     table.put_item(Item=future)
     broken = table.get_item(Key=slot_key("broken"))["Item"] | {"rev": "seven"}
     table.put_item(Item=broken)
