@@ -5,10 +5,10 @@ metrics, and the ledger debts it pays."""
 from __future__ import annotations
 
 import itertools
-from functools import partial
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import boto3
