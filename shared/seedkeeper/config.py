@@ -3,7 +3,7 @@ and the adapters it chooses, built once per distinct configuration."""
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, partial
 from typing import TYPE_CHECKING
 
 import boto3
@@ -63,7 +63,7 @@ def seed_service(
         lifecycle=Lifecycle(table),
         snapshots=SnapshotStore(table),
         r2=r2_if_configured(r2),
-        runtime=runtime_from(runtime),
+        runtime=cache(partial(runtime_from, runtime)),  # built when a task is first touched
         settings=seed,
         presign_expiry=r2.presign_expiry,
         clock=epoch_seconds,
@@ -91,7 +91,7 @@ def sweeper(
     return Sweeper(
         table=table,
         lifecycle=Lifecycle(table),
-        runtime=lambda: runtime_from(runtime),  # built only when a slot may be stopped
+        runtime=cache(partial(runtime_from, runtime)),  # built when a slot may be stopped
         snapshots=snapshots(store, r2),
         settings=sweep,
         clock=epoch_seconds,

@@ -108,7 +108,7 @@ class SeedService:
         lifecycle: Lifecycle,
         snapshots: SnapshotStore,
         r2: R2 | None,
-        runtime: SlotRuntime,
+        runtime: Callable[[], SlotRuntime],
         settings: SeedSettings,
         presign_expiry: int,
         clock: Callable[[], int],
@@ -178,7 +178,7 @@ class SeedService:
             if record.incarnation is None and open_launch is not None and not open_launch.settled:
                 return self._relaunch(request, record, open_launch.ref)
             if record.state is State.SEEDING and record.incarnation is not None:
-                status = self._runtime.status(record.incarnation)
+                status = self._runtime().status(record.incarnation)
                 if status is TaskStatus.STOPPED:
                     return self._retry(request, record)
         return Answer(*_answer(record))
@@ -225,7 +225,7 @@ class SeedService:
             deps=deps,
             deps_path=self._settings.deps_path,
         )
-        incarnation = self._runtime.launch(plan)
+        incarnation = self._runtime().launch(plan)
         for _ in range(_ROUNDS):
             outcome = self._lifecycle.record_incarnation(
                 record, incarnation=incarnation, launch=op, now=self._clock()

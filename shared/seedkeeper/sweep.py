@@ -141,8 +141,7 @@ class Sweeper:
     ) -> None:
         self._table = table
         self._lifecycle = lifecycle
-        self._runtime_factory = runtime
-        self._runtime: SlotRuntime | None = None
+        self._runtime = runtime
         self._snapshots = snapshots
         self._settings = settings
         self._clock = clock
@@ -193,7 +192,7 @@ class Sweeper:
         assert stop is not None
         assert record.incarnation is not None
         try:
-            self._runtime_instance().stop(record.incarnation)
+            self._runtime().stop(record.incarnation)
         except RuntimeUnavailable:
             logger.warning("stop failed; the slot stays closing", slot=record.slot)
             return False
@@ -202,12 +201,7 @@ class Sweeper:
         return isinstance(retired, Written)
 
     def _status(self, incarnation: str) -> TaskStatus:
-        return self._runtime_instance().status(incarnation)
-
-    def _runtime_instance(self) -> SlotRuntime:
-        if self._runtime is None:
-            self._runtime = self._runtime_factory()
-        return self._runtime
+        return self._runtime().status(incarnation)
 
     # -- paging -----------------------------------------------------------------------
 

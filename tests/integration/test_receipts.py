@@ -1,0 +1,226 @@
+"""Receipts and slot evidence through their functions, with real checkpoint objects in
+moto-as-R2, and records from a newer deployment or malformed ones written straight in."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import pytest
+
+from conftest import Stack
+from functions import event, invoke, load_function
+from seedkeeper import config
+from seedkeeper.checkpoints import IdleSettings, new_checkpoint
+from seedkeeper.lifecycle import Lifecycle, Written
+from seedkeeper.models import OwnerClaim, SeedIdentity
+from seedkeeper.opwindow import Actor, OpKind
+from seedkeeper.record import SeedSucceeded, SlotRecord, slot_key
+
+receipt_function = load_function("receipt")
+evidence_function = load_function("slot_evidence")
+seed_function = load_function("seed")
+
+REQUEST: dict[str, Any] = json.loads(event("receipt")["body"])
+SLOT = REQUEST["slot"]
+NOW = 1_800_000_000
+
+
+def written(outcome: object) -> SlotRecord:
+    assert isinstance(outcome, Written), outcome
+    return outcome.record
+
+
+@dataclass
+class Checkpointed:
+    stack: Stack
+    lifecycle: Lifecycle
+    key: str
+
+    def s3(self) -> Any:
+        return boto3.client("s3", endpoint_url=self.stack.endpoint, region_name="auto")
+
+
+@pytest.fixture
+def runtime_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Counts every slot runtime these functions would build: there must be none."""
+    calls: list[str] = []
+
+    def counting(settings: object) -> object:
+        calls.append("runtime_from")
+        raise AssertionError("a receipt or evidence read built a slot runtime")
+
+    monkeypatch.setattr(config, "runtime_from", counting)
+    monkeypatch.setenv("SEEDKEEPER_RUNTIME", "local")
+    return calls
+
+
+def seeded_slot(stack: Stack) -> tuple[Lifecycle, SlotRecord]:
+    lifecycle = stack.store.lifecycle()
+    claim = OwnerClaim.model_validate(REQUEST["claim"])
+    seed = SeedIdentity.model_validate(REQUEST["seed"])
+    birth = written(
+        lifecycle.birth(
+            SLOT,
+            owner=claim,
+            seed=seed,
+            origin=json.loads(event("seed-new")["body"])["origin"],
+            now=NOW,
+            idle_deadline=NOW + 600,
+        )
+    )
+    restore = birth.window.entries[0].ref
+    record = written(
+        lifecycle.record_incarnation(
+            birth, incarnation=REQUEST["incarnation"], launch=restore, now=NOW
+        )
+    )
+    verdict = SeedSucceeded(
+        ref=seed.ref, head=seed.sha, from_backup=seed.checkout_backup_id, steps={}, ms=1
+    )
+    record = written(
+        lifecycle.settle_seed(record, attempt=1, restore=restore, result=verdict, now=NOW)
+    )
+    return lifecycle, record
+
+
+@pytest.fixture
+def checkpointed(stack: Stack) -> Checkpointed:
+    """A seeded slot whose checkout was checkpointed to R2 and recorded."""
+    lifecycle, record = seeded_slot(stack)
+    upload = written(
+        lifecycle.reserve(record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW)
+    )
+    body = b"checkpoint of the run's work"
+    key = f"checkpoints/{SLOT}/1.sqsh"
+    boto3.client("s3", endpoint_url=stack.endpoint, region_name="auto").put_object(
+        Bucket=stack.r2_settings.bucket or "", Key=key, Body=body
+    )
+    facts = stack.r2.head(key)
+    assert facts is not None
+    checkpoint = new_checkpoint(
+        IdleSettings(),
+        uploaded=facts,
+        sha256=hashlib.sha256(body).hexdigest(),
+        owner=record.owner,
+        incarnation=REQUEST["incarnation"],
+        now=NOW,
+    )
+    idle = IdleSettings()
+    assert checkpoint.expires_at == NOW + idle.idle_window + idle.checkpoint_grace
+    written(
+        lifecycle.record_checkpoint(
+            upload, checkpoint=checkpoint, upload=upload.window.entries[-1].ref, now=NOW
+        )
+    )
+    return Checkpointed(stack, lifecycle, key)
+
+
+def test_a_present_checkpoint_is_proved_without_a_runtime(
+    checkpointed: Checkpointed, runtime_calls: list[str]
+) -> None:
+    status, answer = invoke(receipt_function, event("receipt"))
+    assert status == 200
+    assert answer["checkpoint"] == "present"
+    assert answer["size"] == len(b"checkpoint of the run's work")
+    assert answer["expires_at"] > answer["created_at"]
+    assert runtime_calls == []
+
+
+def test_a_checkpoint_deleted_behind_its_back_is_lost(
+    checkpointed: Checkpointed, runtime_calls: list[str]
+) -> None:
+    checkpointed.s3().delete_object(
+        Bucket=checkpointed.stack.r2_settings.bucket or "", Key=checkpointed.key
+    )
+    status, answer = invoke(receipt_function, event("receipt"))
+    assert (status, answer["checkpoint"]) == (200, "lost")
+    assert runtime_calls == []
+
+
+def test_a_changed_object_a_missing_bucket_or_no_r2_is_unknown(
+    checkpointed: Checkpointed, monkeypatch: pytest.MonkeyPatch, runtime_calls: list[str]
+) -> None:
+    bucket = checkpointed.stack.r2_settings.bucket or ""
+    checkpointed.s3().put_object(Bucket=bucket, Key=checkpointed.key, Body=b"other bytes")
+    assert invoke(receipt_function, event("receipt"))[1]["why"] == "checkpoint-changed"
+    monkeypatch.setenv("SEEDKEEPER_R2_BUCKET", "no-such-bucket")
+    status, answer = invoke(receipt_function, event("receipt"))
+    assert (status, answer["checkpoint"], answer["why"]) == (200, "unknown", "no-bucket")
+    monkeypatch.delenv("SEEDKEEPER_R2_BUCKET")
+    status, answer = invoke(receipt_function, event("receipt"))
+    assert (answer["checkpoint"], answer["why"]) == ("unknown", "r2-unconfigured")
+    assert runtime_calls == []
+
+
+def test_no_checkpoint_is_unknown(stack: Stack, runtime_calls: list[str]) -> None:
+    seeded_slot(stack)
+    status, answer = invoke(receipt_function, event("receipt"))
+    assert (status, answer["checkpoint"], answer["why"]) == (200, "unknown", "no-checkpoint")
+
+
+def variants() -> list[dict[str, Any]]:
+    """Every field of the request made wrong, one at a time, and an absent slot."""
+    wrong: list[dict[str, Any]] = [REQUEST | {"slot": "no-such-slot"}]
+    for field in REQUEST["claim"]:
+        value = "b" * 40 if field == "head" else "other"
+        wrong.append(REQUEST | {"claim": REQUEST["claim"] | {field: value}})
+    for field in ("ref", "sha", "checkout_backup_id", "deps_backup_id"):
+        value = "c" * 40 if field == "sha" else "other"
+        wrong.append(REQUEST | {"seed": REQUEST["seed"] | {field: value}})
+    wrong.append(REQUEST | {"incarnation": "local:someone-else:1"})
+    return wrong
+
+
+def test_every_wrong_field_and_an_absent_slot_get_the_identical_refusal(
+    checkpointed: Checkpointed, runtime_calls: list[str]
+) -> None:
+    answers = {
+        json.dumps(invoke(receipt_function, event("receipt", body=body))) for body in variants()
+    }
+    assert answers == {json.dumps([404, {"error": "no-match", "detail": None, "fields": []}])}
+    assert invoke(receipt_function, event("receipt-wrong-owner"))[0] == 404
+
+
+def test_evidence_of_a_running_seeded_slot_with_a_checkpoint_is_retained(
+    checkpointed: Checkpointed, runtime_calls: list[str]
+) -> None:
+    status, answer = invoke(evidence_function, event("slot-evidence"))
+    assert status == 200
+    assert answer == {
+        "slot": SLOT,
+        "incarnation": REQUEST["incarnation"],
+        "state": "seeded",
+        "checkpoint": "present",
+        "disposition": "retained",
+    }
+    refused = invoke(evidence_function, event("slot-evidence-wrong-claim"))
+    assert refused == (404, {"error": "no-match", "detail": None, "fields": []})
+    absent = json.loads(event("slot-evidence")["body"]) | {"slot": "nobody"}
+    assert invoke(evidence_function, event("slot-evidence", body=absent)) == refused
+    assert "alice" not in json.dumps(refused)
+    assert runtime_calls == []
+
+
+@pytest.mark.parametrize(
+    "foreign",
+    [
+        {"schema": 99, "shape": "from a newer deployment"},
+        {"schema": 1, "rev": "seven", "state": "seeded"},
+    ],
+)
+def test_a_newer_or_malformed_record_is_refused_by_seed_unknown_to_receipts_and_untouched(
+    stack: Stack, foreign: dict[str, Any], runtime_calls: list[str]
+) -> None:
+    item = {**slot_key(SLOT), **foreign}
+    stack.table.put_item(Item=item)
+    status, answer = invoke(seed_function, event("seed-new"))
+    assert (status, answer) == (409, {"error": "record-unsupported"})
+    status, answer = invoke(receipt_function, event("receipt"))
+    assert (status, answer["checkpoint"]) == (200, "unknown")
+    assert invoke(evidence_function, event("slot-evidence"))[0] == 404
+    assert stack.table.get_item(Key=slot_key(SLOT), ConsistentRead=True)["Item"] == item
+    assert runtime_calls == []
