@@ -4,6 +4,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import boto3
@@ -11,12 +12,15 @@ import pytest
 from moto import mock_aws
 from pydantic import SecretStr
 
+from repos import make_repository
 from seedkeeper.config import StoreSettings, snapshots
 from seedkeeper.infra import create_table, load_template
 from seedkeeper.lifecycle import Lifecycle
 from seedkeeper.local.motoserver import AtomicMotoServer
 from seedkeeper.r2 import R2, R2Settings
 from seedkeeper.rotation import Snapshots
+from seedkeeper.runtime import LocalRuntime
+from slots import Slots
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -117,3 +121,29 @@ def stack(moto_endpoint: str, aws_credentials: None, monkeypatch: pytest.MonkeyP
     for variable, value in built.environment().items():
         monkeypatch.setenv(variable, value)
     return built
+
+
+@pytest.fixture
+def slots(stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Slots]:
+    data = tmp_path / "data"
+    monkeypatch.setenv("SEEDKEEPER_RUNTIME", "local")
+    monkeypatch.setenv("SEEDKEEPER_DATA_DIR", str(data))
+    monkeypatch.setenv("SEEDKEEPER_RESTORE_TIMEOUT", "60")
+    runtime = LocalRuntime(data)
+    yield Slots(stack, runtime, tmp_path)
+    for record in (data / "slots").glob("*/attempt-*.json"):
+        slot, attempt = record.parent.name, record.stem.removeprefix("attempt-")
+        runtime.stop(f"local:{slot}:{attempt}", grace=2)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return make_repository(tmp_path)
+
+
+@pytest.fixture
+def deps(tmp_path: Path) -> Path:
+    folder = tmp_path / "deps"
+    (folder / "left-pad").mkdir(parents=True)
+    (folder / "left-pad" / "index.js").write_text("module.exports = 1\n")
+    return folder

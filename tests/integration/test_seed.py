@@ -5,128 +5,36 @@ R2, presigned URLs fetched for real."""
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
 import os
 import signal
-import subprocess
-import threading
 import time
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 
-from conftest import Stack
-from functions import event, invoke, load_function
-from repos import git, make_repository, tree
+from functions import event, invoke
+from repos import git, tree
 from seedkeeper import transitions
 from seedkeeper.config import seed_service, seed_service_from_env
-from seedkeeper.publish import publish
 from seedkeeper.r2 import R2Settings, backup_key
-from seedkeeper.record import State, Supported
-from seedkeeper.runtime import LocalRuntime, RuntimeSettings, TaskStatus
+from seedkeeper.record import State
+from seedkeeper.runtime import RuntimeSettings, TaskStatus
 from seedkeeper.seeding import SeedSettings
-from seedkeeper.snapshots import Archive, NewSnapshot
+from seedkeeper.snapshots import NewSnapshot
 from seedkeeper.task import CHECKOUT, MARKER, STATE_DIR
-
-seed_function = load_function("seed")
-ORIGIN = "https://git.example.com/acme/widgets.git"
-
-
-@dataclass
-class Slots:
-    stack: Stack
-    runtime: LocalRuntime
-    root: Path
-
-    def publish(self, repo: Path, deps: Path | None = None) -> dict[str, Any]:
-        """Publish `repo` and answer the seed handle as status reports it."""
-        recorded = publish(
-            resource="widgets",
-            checkout=repo,
-            snapshots=self.stack.snapshots,
-            r2=self.stack.r2,
-            deps=deps,
-            lockfile_hash="lock-1" if deps else None,
-        )
-        handle = self.stack.snapshots.status("widgets").seed_handle
-        assert handle is not None
-        assert handle.sha == recorded.current.sha
-        return {"resource": "widgets", **handle.model_dump()}
-
-    def body(
-        self, seed: dict[str, Any] | None, slot: str = "slot-1", **claim: str
-    ) -> dict[str, Any]:
-        if seed is None:
-            return {"slot": slot, "seed": None}
-        owner = {
-            "run": "run-1",
-            "requester": "alice",
-            "thread": "thread-1",
-            "repository": "acme/widgets",
-            "ref": seed["ref"],
-            "head": seed["sha"],
-        } | claim
-        return {"slot": slot, "seed": seed, "claim": owner, "origin": ORIGIN}
-
-    def seed(self, body: dict[str, Any]) -> tuple[int, Any]:
-        return invoke(seed_function, event("seed-new", body=body))
-
-    def settle(self, body: dict[str, Any], seconds: float = 90) -> tuple[int, Any]:
-        """Poll as the executor does until the answer is final."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            status, answer = self.seed(body)
-            if status != 202:
-                return status, answer
-            time.sleep(0.2)
-        raise AssertionError(f"still seeding after {seconds}s: {self.log(body['slot'])}")
-
-    def workspace(self, slot: str = "slot-1") -> Path:
-        return self.runtime.workspace(slot)
-
-    def attempts(self, slot: str = "slot-1") -> list[str]:
-        return sorted(p.name for p in self.workspace(slot).parent.glob("attempt-*.json"))
-
-    def log(self, slot: str) -> str:
-        logs = sorted(self.workspace(slot).parent.glob("attempt-*.log"))
-        return "\n".join(path.read_text()[-3000:] for path in logs)
-
-    def record(self, slot: str = "slot-1") -> Any:
-        classified = self.stack.store.lifecycle().read(slot)
-        assert isinstance(classified, Supported), classified
-        return classified.record
-
-
-@pytest.fixture
-def slots(stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Slots]:
-    data = tmp_path / "data"
-    monkeypatch.setenv("SEEDKEEPER_RUNTIME", "local")
-    monkeypatch.setenv("SEEDKEEPER_DATA_DIR", str(data))
-    monkeypatch.setenv("SEEDKEEPER_RESTORE_TIMEOUT", "60")
-    runtime = LocalRuntime(data)
-    yield Slots(stack, runtime, tmp_path)
-    for record in (data / "slots").glob("*/attempt-*.json"):
-        slot, attempt = record.parent.name, record.stem.removeprefix("attempt-")
-        runtime.stop(f"local:{slot}:{attempt}", grace=2)
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    return make_repository(tmp_path)
-
-
-@pytest.fixture
-def deps(tmp_path: Path) -> Path:
-    folder = tmp_path / "deps"
-    (folder / "left-pad").mkdir(parents=True)
-    (folder / "left-pad" / "index.js").write_text("module.exports = 1\n")
-    return folder
+from slots import (
+    ORIGIN,
+    Slots,
+    TamperingProxy,
+    assert_no_half_tree,
+    record_archive,
+    seed_function,
+    squashfs_of,
+    verdict,
+)
 
 
 def test_a_published_snapshot_seeds_a_slot(slots: Slots, repo: Path, deps: Path) -> None:
@@ -255,49 +163,6 @@ def test_a_backup_id_no_generation_names_is_seed_missing_with_no_effect(
     assert not slots.workspace().parent.exists() or slots.attempts() == []
 
 
-def record_archive(
-    slots: Slots, backup_id: str, body: bytes, *, size: int, sha256: str, sha: str
-) -> dict[str, Any]:
-    """Put bytes in R2 under backup_id and record them as the resource's current snapshot."""
-    s3 = boto3.client("s3", endpoint_url=slots.stack.endpoint, region_name="auto")
-    bucket = slots.stack.r2_settings.bucket or ""
-    s3.put_object(Bucket=bucket, Key=backup_key(backup_id), Body=body)
-    slots.stack.snapshots.record(
-        NewSnapshot(
-            resource="widgets",
-            ref="main",
-            sha=sha,
-            created_at=1_800_000_000,
-            checkout=Archive(backup_id=backup_id, size=size, sha256=sha256),
-        )
-    )
-    return {
-        "resource": "widgets",
-        "ref": "main",
-        "sha": sha,
-        "checkout_backup_id": backup_id,
-        "deps_backup_id": None,
-    }
-
-
-def verdict(answer: dict[str, Any]) -> tuple[bool, str, str]:
-    return answer["seeded"], answer["reason"], answer["step"]
-
-
-def squashfs_of(source: Path, target: Path) -> bytes:
-    argv = ["mksquashfs", str(source), str(target), "-comp", "zstd", "-noappend", "-quiet"]
-    subprocess.run([*argv, "-no-progress"], check=True)
-    return target.read_bytes()
-
-
-def assert_no_half_tree(slots: Slots, slot: str) -> None:
-    workspace = slots.workspace(slot)
-    assert not (workspace / CHECKOUT).exists()
-    assert not (workspace / STATE_DIR / MARKER).exists()
-    assert not (workspace / STATE_DIR / "downloads").exists()
-    assert not [p for p in workspace.iterdir() if ".staging" in p.name]
-
-
 def test_a_corrupted_archive_fails_at_verify_with_no_half_tree(
     slots: Slots, repo: Path, tmp_path: Path
 ) -> None:
@@ -378,51 +243,6 @@ def test_an_archive_with_an_escaping_symlink_is_refused_and_writes_nothing_outsi
     assert verdict(answer) == (False, "seed-failed", "extract")
     assert_no_half_tree(slots, "evil")
     assert not (slots.workspace("evil").parents[2] / "outside-the-slot").exists()
-
-
-class TamperingProxy(http.server.ThreadingHTTPServer):
-    """Stands between the slot task and R2: holds archive GETs until released ("stall"),
-    or sends half of each body and hangs up ("truncate")."""
-
-    def __init__(self, upstream: str, mode: str = "stall") -> None:
-        self.upstream = upstream
-        self.mode = mode
-        self.release = threading.Event()
-        self.gets = threading.Event()
-        super().__init__(("127.0.0.1", 0), _ProxyHandler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _ProxyHandler(http.server.BaseHTTPRequestHandler):
-    server: TamperingProxy
-
-    def log_message(self, *_: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        self.server.gets.set()
-        if self.server.mode == "stall":
-            self.server.release.wait(120)
-        request = urllib.request.Request(self.server.upstream + self.path)  # noqa: S310
-        if "Range" in self.headers:
-            request.add_header("Range", self.headers["Range"])
-        assert request.full_url.startswith("http://127.0.0.1:")
-        with urllib.request.urlopen(request, timeout=30) as upstream:  # noqa: S310 - loopback
-            body = upstream.read()
-            self.send_response(upstream.status)
-            for name in ("Content-Range", "Content-Type", "ETag"):
-                if upstream.headers.get(name):
-                    self.send_header(name, upstream.headers[name])
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.server.mode == "truncate":
-                body = body[: len(body) // 2]
-                self.close_connection = True
-            self.wfile.write(body)
 
 
 def test_a_task_killed_mid_download_stays_seeding_and_the_next_attempt_spares_a_bound_checkout(
