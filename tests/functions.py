@@ -1,16 +1,16 @@
-"""Invoking the Lambda handlers as Lambda does: the function module loaded from its file,
-an event from events/, a context."""
+"""Invoking the Lambda handlers as Lambda does: the handler the local gateway loads, an
+event from events/, a context."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from seedkeeper.infra import ROOT
+from seedkeeper.local.gateway import Handler, load_handler
+
+load_function = load_handler
 
 
 @dataclass(frozen=True)
@@ -24,18 +24,6 @@ class Context:
     log_stream_name: str = "2026/11/30/[$LATEST]test"
 
 
-def load_function(name: str) -> ModuleType:
-    """functions/<name>/app.py under its own module name (every function's file is app.py)."""
-    spec = importlib.util.spec_from_file_location(
-        f"functions.{name}.app", ROOT / "functions" / name / "app.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def event(name: str, **changes: Any) -> dict[str, Any]:
     """events/<name>.json, with top-level fields or the JSON body replaced."""
     loaded: dict[str, Any] = json.loads((ROOT / "events" / f"{name}.json").read_text())
@@ -44,7 +32,7 @@ def event(name: str, **changes: Any) -> dict[str, Any]:
     return loaded | changes
 
 
-def invoke(module: ModuleType, request: dict[str, Any]) -> tuple[int, Any]:
-    response: dict[str, Any] = module.lambda_handler(request, Context())
+def invoke(handler: Handler, request: dict[str, Any]) -> tuple[int, Any]:
+    response = handler(request, Context())
     body = response.get("body")
     return response["statusCode"], json.loads(body) if body else None

@@ -18,7 +18,8 @@ class IdleSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SEEDKEEPER_", extra="ignore", frozen=True)
 
-    idle_window: Annotated[int, Field(ge=60, le=7 * 86_400)] = 1800
+    # Seconds; as short as a second for the local demo, at most a week.
+    idle_window: Annotated[int, Field(ge=1, le=7 * 86_400)] = 1800
     checkpoint_grace: Annotated[int, Field(ge=3600, le=30 * 86_400)] = 86_400
 
 

@@ -7,7 +7,10 @@ AWS variables); `--table` and `--endpoint-url` override the table's.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,8 +24,11 @@ from rich.table import Table
 
 from seedkeeper import __version__
 from seedkeeper.config import StoreSettings, snapshots
+from seedkeeper.demo import run_demo
 from seedkeeper.errors import SeedkeeperError
 from seedkeeper.infra import create_table, load_template
+from seedkeeper.local.gateway import LocalCredentials
+from seedkeeper.local.stack import LocalStack
 from seedkeeper.models import ResourceName, SlotId
 from seedkeeper.publish import publish
 from seedkeeper.r2 import R2, R2Settings
@@ -101,7 +107,45 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--apply", action="store_true", help="set the rules, keeping others")
     mode.add_argument("--check", action="store_true", help="verify the rules; exit 1 if wrong")
     lifecycle.set_defaults(run=_r2_lifecycle)
+    local = commands.add_parser("local", help="run all of Seedkeeper on this machine")
+    local.add_argument("--port", type=int, default=8787)
+    local.add_argument("--data-dir", type=Path, default=Path(".seedkeeper"))
+    local.add_argument("--sweep-interval", type=float, default=30.0, help="seconds")
+    local.set_defaults(run=_local)
+
+    demo = commands.add_parser("demo", help="run the whole protocol locally, checked step by step")
+    demo.set_defaults(run=_demo)
     return parser
+
+
+def _local(args: argparse.Namespace) -> int:
+    credentials = LocalCredentials(
+        os.environ.get("SEEDKEEPER_LOCAL_ACCESS_KEY_ID", "seedkeeper-local"),
+        os.environ.get("SEEDKEEPER_LOCAL_SECRET_ACCESS_KEY", "seedkeeper-local-secret"),
+    )
+    stack = LocalStack(
+        data_dir=args.data_dir,
+        port=args.port,
+        credentials=credentials,
+        sweep_interval=args.sweep_interval,
+    )
+    stopping = threading.Event()
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, lambda *_: stopping.set())
+    stack.start()
+    console.print(f"Seedkeeper is listening on [bold]{stack.url}[/bold]")
+    console.print(
+        f"sign requests (SigV4, service lambda) with access key {credentials.access_key}; "
+        "Ctrl-C stops everything"
+    )
+    stopping.wait()
+    stack.stop()
+    console.print("stopped: gateway, slot processes, moto")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    return run_demo()
 
 
 def _valid(annotation: Any) -> Callable[[str], str]:

@@ -12,7 +12,11 @@ from cfn_tools import load_yaml
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "template.yaml"
+# The repository this package runs from (an editable install: the local stack and the
+# tests need the template and the function handlers beside it).
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "template.yaml"
+FUNCTIONS = ROOT / "functions"
 TABLE_RESOURCE = "LifecycleTable"
 
 # The CreateTable parameters that CloudFormation's table properties carry verbatim.

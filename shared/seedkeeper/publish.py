@@ -37,16 +37,16 @@ def publish(
     reused rather than built again."""
     if (deps is None) != (lockfile_hash is None):
         raise PublishFailed("--deps and --lockfile-hash go together")
-    sha = _git(checkout, "rev-parse", "--verify", "HEAD^{commit}")
-    branch = ref or _git(checkout, "symbolic-ref", "--short", "HEAD")
+    sha, branch = head_of(checkout)
+    branch = ref or branch
     with tempfile.TemporaryDirectory(prefix="seedkeeper-publish-", dir=workdir) as scratch:
-        checkout_archive = _archive(
-            checkout, Path(scratch), _backup_id(resource, "checkout", sha), r2, progress
+        checkout_archive = upload_archive(
+            checkout, Path(scratch), backup_id_for(resource, "checkout", sha), r2, progress
         )
         deps_archive = None
         if deps is not None and lockfile_hash is not None:
-            deps_archive = snapshots.deps_archive(resource, lockfile_hash) or _archive(
-                deps, Path(scratch), _backup_id(resource, "deps", sha), r2, progress
+            deps_archive = snapshots.deps_archive(resource, lockfile_hash) or upload_archive(
+                deps, Path(scratch), backup_id_for(resource, "deps", sha), r2, progress
             )
     new = NewSnapshot(
         resource=resource,
@@ -75,9 +75,10 @@ def measure(path: Path) -> tuple[int, str]:
     return path.stat().st_size, digest.hexdigest()
 
 
-def _archive(
-    source: Path, scratch: Path, backup_id: str, r2: R2, progress: Progress | None
+def upload_archive(
+    source: Path, scratch: Path, backup_id: str, r2: R2, progress: Progress | None = None
 ) -> Archive:
+    """Build `source`'s archive in `scratch`, measure it, upload it as `backup_id`."""
     target = scratch / f"{backup_id}.sqsh"
     build_squashfs(source, target)
     size, sha256 = measure(target)
@@ -95,9 +96,15 @@ def _archive(
     return Archive(backup_id=backup_id, size=size, sha256=sha256)
 
 
-def _backup_id(resource: str, kind: str, sha: str) -> str:
+def backup_id_for(resource: str, kind: str, sha: str) -> str:
     """Unique across resources and publishes, so no two archives ever share an object."""
     return f"{resource[:64]}-{kind}-{sha[:12]}-{secrets.token_hex(4)}"
+
+
+def head_of(checkout: Path) -> tuple[str, str]:
+    """The checkout's HEAD commit and branch."""
+    sha = _git(checkout, "rev-parse", "--verify", "HEAD^{commit}")
+    return sha, _git(checkout, "symbolic-ref", "--short", "HEAD")
 
 
 def _git(checkout: Path, *args: str) -> str:

@@ -211,6 +211,12 @@ class LocalRuntime:
                     return
                 time.sleep(0.05)
 
+    def stop_all(self) -> None:
+        """Every task this data directory's runtime ever launched (a local stack's exit)."""
+        for record in sorted(self._root.glob("*/attempt-*.json")):
+            attempt = record.stem.removeprefix("attempt-")
+            self.stop(f"local:{record.parent.name}:{attempt}", grace=2.0)
+
     def _record(self, incarnation: str) -> Path:
         _, slot, attempt = incarnation.split(":")
         folder = self._root / slot

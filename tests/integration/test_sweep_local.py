@@ -121,7 +121,7 @@ def test_only_positively_unseeded_idle_slots_are_stopped(
 
 def test_the_scheduled_function_sweeps_with_the_configured_runtime(slots: Slots) -> None:
     assert slots.seed(slots.body(None, slot="cold-1"))[0] == 200
-    summary = sweep_function.lambda_handler(event("idle-sweep"), Context())
+    summary = sweep_function(event("idle-sweep"), Context())
     assert summary == {
         "read": 1,  # the cursor item: nothing has expired yet
         "stopped": [],
