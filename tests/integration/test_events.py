@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 from functions import Context, event, invoke, load_function
-from slots import Slots
-
 from seedkeeper.infra import ROOT
+from slots import Slots
 
 # (event file, function, documented status), in the order they are sent.
 DOCUMENTED = [
