@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup system-packages test lint format pr clean
+.PHONY: help setup system-packages test lint format pr clean demo sam-validate
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
+
+demo: setup ## Run the whole protocol locally (local stack, real git, real slot tasks), checked step by step
+	$(BIN)/seedkeeper demo
 
 test: setup ## Run the whole test suite (unit, integration, e2e)
 	$(BIN)/pytest
@@ -67,3 +70,14 @@ bench-packages:
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# SAM CLI pins an old boto3: it gets its own virtualenv. `sam build` needs a python3.13.
+SAM_VENV := .sam-venv
+PY313 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) $(shell command -v python3.13))
+
+sam-validate: setup ## cfn-lint, sam validate --lint and sam build (SAM CLI in .sam-venv)
+	@test -n "$(PY313)" || { echo "sam build needs a python3.13 on this machine" >&2; exit 1; }
+	test -x $(SAM_VENV)/bin/sam || { $(PYTHON) -m venv $(SAM_VENV) && $(SAM_VENV)/bin/pip install --quiet aws-sam-cli; }
+	$(BIN)/cfn-lint template.yaml
+	SAM_CLI_TELEMETRY=0 $(SAM_VENV)/bin/sam validate --lint
+	SAM_CLI_TELEMETRY=0 PATH=$(dir $(PY313)):$$PATH $(SAM_VENV)/bin/sam build
