@@ -195,7 +195,8 @@ class LocalRuntime:
         return TaskStatus.RUNNING if alive else TaskStatus.STOPPED
 
     def stop(self, incarnation: str, grace: float = 5.0) -> None:
-        """SIGTERM to the task's process group, SIGKILL after `grace` seconds."""
+        """SIGTERM to the task's process group, SIGKILL after `grace` seconds; returns once
+        no process of the group is left (the task's children included)."""
         process = self._process(incarnation)
         if process is None or self.status(incarnation) is not TaskStatus.RUNNING:
             return
@@ -207,7 +208,7 @@ class LocalRuntime:
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
                 _reap(process.pid)
-                if self.status(incarnation) is not TaskStatus.RUNNING:
+                if not _group_alive(process.pid):
                     return
                 time.sleep(0.05)
 
@@ -240,6 +241,18 @@ def _start_time(pid: int) -> str:
     except OSError:
         return ""
     return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _group_alive(group: int) -> bool:
+    """Whether any process of the process group is still running (zombies are done)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[2] == str(group) and fields[0] != "Z":
+            return True
+    return False
 
 
 def _is_zombie(pid: int) -> bool:
