@@ -212,7 +212,9 @@ class SlotTask:
         if seed.fetch_ref is not None:
             self._git("fetch", "--quiet", "--no-tags", "origin", "--", seed.fetch_ref)
             target = seed.fetch_sha or self._git("rev-parse", "--verify", "FETCH_HEAD^{commit}")
-        self._git("checkout", "--quiet", "--force", "-B", seed.ref, target, "--")
+        # No --force: it would rewrite every file whose cached stat data is stale (all of
+        # them, freshly extracted), and it would silently discard a conflicting change.
+        self._git("checkout", "--quiet", "-B", seed.ref, target, "--")
         head = self._git("rev-parse", "--verify", "HEAD^{commit}")
         if plan.owner is not None and head != plan.owner.head:
             raise StepFailed("fixup", "seed-failed", "HEAD is not the claim's head")
