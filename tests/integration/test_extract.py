@@ -201,14 +201,18 @@ def test_the_target_is_absent_until_the_tree_is_complete(
     assert listing[3:] == ["-ls", str(archive)]
     dest = Path(extraction[extraction.index("-d") + 1])
     assert STAGING_NAME.fullmatch(dest.name)
-    assert extraction[:5] == [
+    assert extraction[:9] == [
         "-no-progress",
         "-quiet",
         "-strict-errors",
         "-user-xattrs",
+        "-da",
+        "32",
+        "-fr",
+        "32",
         "-processors",
     ]
-    assert extraction[5:] == ["2", "-d", str(dest), str(archive)]
+    assert extraction[9:] == ["2", "-d", str(dest), str(archive)]
     assert observed == [False, [], str(place)]  # no target, staging empty, a sibling
     assert snapshot(target) == snapshot(source)
     assert leftovers(place) == []

@@ -30,7 +30,19 @@ from seedkeeper.errors import SeedkeeperError
 # SELinux labels of the publishing host) never are: they grant privilege or are
 # meaningless here, and restoring them fails for non-root. -strict-errors: any error
 # aborts, since a tree with a file or mode missing is refused anyway.
-_UNSQUASHFS = ("unsquashfs", "-no-progress", "-quiet", "-strict-errors", "-user-xattrs")
+# -da/-fr 32: the data and fragment caches in MiB (256 each by default), so the extractor's
+# memory stays flat as archives grow (measured: 437 MB -> 74 MB at 300 MB, no time cost).
+_UNSQUASHFS = (
+    "unsquashfs",
+    "-no-progress",
+    "-quiet",
+    "-strict-errors",
+    "-user-xattrs",
+    "-da",
+    "32",
+    "-fr",
+    "32",
+)
 _STAGING = re.compile(r"\..+\.staging-[0-9a-f]{16}", re.DOTALL)
 _STDERR_TAIL = 600
 _MAX_SYMLINK_HOPS = 40  # Linux's MAXSYMLINKS: a longer chain cannot be resolved at all
