@@ -71,6 +71,7 @@ def load_handler(name: str) -> Handler:
 
 class FunctionUrlGateway(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # many executors at once: the default backlog of 5 resets them
 
     def __init__(self, host: str, port: int, credentials: LocalCredentials) -> None:
         self.credentials = credentials

@@ -1,0 +1,127 @@
+"""Concurrency over HTTP against the local stack: many executors at once, one slot."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from botocore.credentials import Credentials
+
+from repos import make_repository
+from seedkeeper.client import SeedAnswer, SeedkeeperClient, SeedkeeperRefused
+from seedkeeper.config import StoreSettings
+from seedkeeper.local.gateway import LocalCredentials
+from seedkeeper.local.stack import LocalStack
+from seedkeeper.models import OwnerClaim, SeedIdentity
+from seedkeeper.publish import backup_id_for, head_of, upload_archive
+from seedkeeper.r2 import R2, R2Settings
+from seedkeeper.record import Supported
+from seedkeeper.seeding import Seeded, Seeding
+from seedkeeper.snapshots import NewSnapshot
+
+CALLERS = 50
+ORIGIN = "https://git.example.com/acme/widgets.git"
+T = TypeVar("T")
+
+
+@pytest.fixture
+def stack(tmp_path: Path, aws_credentials: None) -> Iterator[LocalStack]:
+    credentials = LocalCredentials("concurrency", secrets.token_hex(16))
+    local = LocalStack(
+        data_dir=tmp_path / "data", port=0, credentials=credentials, sweep_interval=3600
+    )
+    local.start()
+    yield local
+    local.stop()
+
+
+@pytest.fixture
+def client(stack: LocalStack) -> SeedkeeperClient:
+    signing = Credentials(stack.credentials.access_key, stack.credentials.secret_key)
+    return SeedkeeperClient(stack.url, credentials=signing, timeout=120)
+
+
+@pytest.fixture
+def seed(client: SeedkeeperClient, tmp_path: Path) -> SeedIdentity:
+    repo = make_repository(tmp_path)
+    sha, ref = head_of(repo)
+    archive = upload_archive(
+        repo, tmp_path, backup_id_for("widgets", "checkout", sha), R2.from_settings(R2Settings())
+    )
+    client.publish(
+        NewSnapshot(
+            resource="widgets", ref=ref, sha=sha, created_at=1_800_000_000, checkout=archive
+        )
+    )
+    return SeedIdentity(resource="widgets", ref=ref, sha=sha, checkout_backup_id=archive.backup_id)
+
+
+def claim(seed: SeedIdentity, run: str) -> OwnerClaim:
+    return OwnerClaim(
+        run=run,
+        requester=f"user-{run}",
+        thread=f"thread-{run}",
+        repository="acme/widgets",
+        ref=seed.ref,
+        head=seed.sha,
+    )
+
+
+def all_at_once(count: int, work: Callable[[int], T]) -> list[T | SeedkeeperRefused]:
+    barrier = threading.Barrier(count)
+
+    def released(index: int) -> T | SeedkeeperRefused:
+        barrier.wait()
+        try:
+            return work(index)
+        except SeedkeeperRefused as refused:
+            return refused
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(released, range(count)))
+
+
+def test_fifty_owners_race_for_one_slot_and_exactly_one_is_bound(
+    stack: LocalStack, client: SeedkeeperClient, seed: SeedIdentity
+) -> None:
+    claims = [claim(seed, f"run-{index}") for index in range(CALLERS)]
+    answers = all_at_once(
+        CALLERS, lambda index: client.seed("contested", seed, claim=claims[index], origin=ORIGIN)
+    )
+    winners = [index for index, answer in enumerate(answers) if isinstance(answer, Seeding)]
+    assert len(winners) == 1, answers
+    refusals = [answer for answer in answers if isinstance(answer, SeedkeeperRefused)]
+    assert len(refusals) == CALLERS - 1
+    assert {(r.status, r.reason) for r in refusals} == {(409, "claim-mismatch")}
+    assert all(r.body == {"error": "claim-mismatch"} for r in refusals)  # nothing disclosed
+    record = StoreSettings().lifecycle().read("contested")
+    assert isinstance(record, Supported)
+    assert record.record.owner == claims[winners[0]]
+    attempts = sorted((stack.data_dir / "slots" / "contested").glob("attempt-*.json"))
+    assert [path.name for path in attempts] == ["attempt-1.json"]  # one task launched
+
+
+def test_fifty_concurrent_polls_by_the_winner_launch_nothing_more(
+    stack: LocalStack, client: SeedkeeperClient, seed: SeedIdentity
+) -> None:
+    owner = claim(seed, "winner")
+    first = client.seed("polled", seed, claim=owner, origin=ORIGIN)
+    assert isinstance(first, Seeding)
+    client.seed("polled", seed, claim=owner, origin=ORIGIN, wait=True, timeout=60)
+
+    def poll(_: int) -> SeedAnswer:
+        return client.seed("polled", seed, claim=owner, origin=ORIGIN)
+
+    answers = all_at_once(CALLERS, poll)
+    seeded = [answer for answer in answers if isinstance(answer, Seeded)]
+    assert len(seeded) == CALLERS, answers
+    assert len({answer.model_dump_json() for answer in seeded}) == 1  # the same final answer
+    attempts = sorted((stack.data_dir / "slots" / "polled").glob("attempt-*.json"))
+    assert [path.name for path in attempts] == ["attempt-1.json"]
+    assert Counter(type(answer).__name__ for answer in answers) == {"Seeded": CALLERS}
