@@ -1,0 +1,93 @@
+"""Faults: a seed handler that dies half-way, and a store that throttles."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from functions import event, invoke
+from repos import make_repository
+from seedkeeper.config import seed_service_from_env
+from seedkeeper.lifecycle import Written
+from seedkeeper.models import SeedIdentity
+from seedkeeper.opwindow import OpRef
+from seedkeeper.plan import SlotPlan
+from seedkeeper.record import Absent, slot_key
+from seedkeeper.runtime import TaskStatus
+from slots import Slots, seed_function
+
+
+def died_after_birth(slots: Slots, body: dict[str, Any]) -> OpRef:
+    """What a handler leaves when it dies right after the birth write."""
+    lifecycle = slots.stack.store.lifecycle()
+    born = lifecycle.birth(
+        body["slot"],
+        owner=None,
+        seed=SeedIdentity.model_validate(body["seed"]) if body["seed"] else None,
+        origin=None,
+        now=1_800_000_000,
+        idle_deadline=1_800_000_600,
+    )
+    assert isinstance(born, Written)
+    assert born.entry is not None
+    return born.entry.ref
+
+
+def test_a_handler_that_died_after_birth_is_finished_by_the_retry(
+    slots: Slots, tmp_path: Any
+) -> None:
+    seed = slots.publish(make_repository(tmp_path))
+    body = {"slot": "orphan", "seed": seed}  # an unclaimed caller, as older executors are
+    died_after_birth(slots, body)
+    assert slots.attempts("orphan") == []  # nothing was launched
+    status, answer = slots.seed(body)
+    assert status == 202
+    assert answer["incarnation"] == "local:orphan:1"
+    _, final = slots.settle(body)
+    assert final["seeded"] is True
+    assert slots.attempts("orphan") == ["attempt-1.json"]
+
+
+def test_a_handler_that_died_after_launch_relaunches_nothing(slots: Slots, tmp_path: Any) -> None:
+    seed = slots.publish(make_repository(tmp_path))
+    body = {"slot": "half", "seed": seed}
+    restore = died_after_birth(slots, body)
+    # The launch happened, the incarnation was never recorded.
+    plan = SlotPlan(slot="half", attempt=1, op=restore, seed=SeedIdentity.model_validate(seed))
+    first = slots.runtime.launch(plan)
+    assert slots.record("half").incarnation is None
+    status, answer = slots.seed(body)  # the executor's retry
+    assert status in {200, 202}
+    assert answer["incarnation"] == first  # the same task: launches are idempotent
+    assert slots.attempts("half") == ["attempt-1.json"]
+    assert slots.runtime.status(first) in {TaskStatus.RUNNING, TaskStatus.STOPPED}
+
+
+@pytest.mark.parametrize(
+    "code", ["ProvisionedThroughputExceededException", "ThrottlingException", "InternalServerError"]
+)
+def test_a_throttled_store_is_a_retryable_503_with_nothing_written(
+    slots: Slots, tmp_path: Any, code: str
+) -> None:
+    seed = slots.publish(make_repository(tmp_path))
+    body = slots.body(seed, slot="throttled")
+    client = seed_service_from_env()._lifecycle._table.meta.client
+
+    def throttle(**_: Any) -> None:
+        raise ClientError({"Error": {"Code": code, "Message": "injected"}}, "PutItem")
+
+    client.meta.events.register("before-parameter-build.dynamodb.PutItem", throttle)
+    try:
+        status, answer = invoke(seed_function, event("seed-new", body=body))
+    finally:
+        client.meta.events.unregister("before-parameter-build.dynamodb.PutItem", throttle)
+    assert (status, answer["error"]) == (503, "retry-later")
+    assert slots.stack.store.lifecycle().read("throttled") == Absent("throttled")
+    assert slots.attempts("throttled") == []
+    assert "Item" not in slots.stack.table.get_item(Key=slot_key("throttled"))
+    assert "injected" not in json.dumps(answer)
+    status, _ = slots.seed(body)  # the retry goes through
+    assert status == 202
