@@ -52,6 +52,8 @@ pr: lint test ## Everything a change must pass before it lands
 
 bench: setup bench-packages ## Benchmark the restore against curl + unsquashfs + git checkout (nginx on loopback)
 	$(BIN)/python benchmarks/restore.py
+	$(BIN)/python benchmarks/imports.py
+	$(BIN)/python benchmarks/sweep.py
 
 # nginx serves the benchmark's archives on loopback; curl is the baseline's downloader.
 .PHONY: bench bench-packages
