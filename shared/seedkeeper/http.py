@@ -9,7 +9,11 @@ from http import HTTPStatus
 from typing import Any
 
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Response, content_types
-from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
+from aws_lambda_powertools.event_handler.openapi.exceptions import (
+    RequestUnsupportedContentType,
+    RequestValidationError,
+)
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel
 
@@ -29,6 +33,8 @@ from seedkeeper.observability import logger
 from seedkeeper.r2 import R2Settings, transfer_mode
 
 Handler = Callable[[dict[str, Any], LambdaContext], dict[str, Any]]
+_FIELD_CHARS = 120
+_MAX_FIELDS = 20
 
 
 class FieldError(Model):
@@ -58,6 +64,7 @@ def json_response(status: int, body: BaseModel) -> Response[str]:
 
 def function_url_app() -> LambdaFunctionUrlResolver:
     app = LambdaFunctionUrlResolver(enable_validation=True)
+    app.use(middlewares=[_json_bodies_only])
 
     @app.get("/healthz")
     def healthz() -> Response[str]:
@@ -67,14 +74,22 @@ def function_url_app() -> LambdaFunctionUrlResolver:
 
     @app.exception_handler(RequestValidationError)  # type: ignore[untyped-decorator]
     def invalid(error: RequestValidationError) -> Response[str]:
+        # Bounded: a form-encoded body's keys become "fields", and they are the caller's bytes.
         fields = tuple(
-            FieldError(field=".".join(str(part) for part in issue["loc"]), message=issue["msg"])
-            for issue in error.errors()
+            FieldError(
+                field=".".join(str(part) for part in issue["loc"])[:_FIELD_CHARS],
+                message=str(issue["msg"])[:_FIELD_CHARS],
+            )
+            for issue in error.errors()[:_MAX_FIELDS]
         )
-        logger.info("request refused", reason="invalid-request", fields=[f.field for f in fields])
+        logger.info("request refused", reason="invalid-request", fields=len(fields))
         return json_response(
             HTTPStatus.BAD_REQUEST, ErrorAnswer(error="invalid-request", fields=fields)
         )
+
+    @app.exception_handler(RequestUnsupportedContentType)  # type: ignore[untyped-decorator]
+    def unsupported(_: RequestUnsupportedContentType) -> Response[str]:
+        return _unsupported_media_type()
 
     @app.exception_handler(SeedkeeperError)  # type: ignore[untyped-decorator]
     def domain(error: SeedkeeperError) -> Response[str]:
@@ -86,6 +101,27 @@ def function_url_app() -> LambdaFunctionUrlResolver:
         return json_response(status, answer)
 
     return app
+
+
+def _json_bodies_only(
+    app: LambdaFunctionUrlResolver, next_middleware: NextMiddleware
+) -> Response[str]:
+    """A body is JSON and says so: `application/json` exactly (a charset may follow).
+    Powertools would also parse `application/jsonx`, or a body with no content type."""
+    event = app.current_event
+    if event.body:
+        declared = event.headers.get("content-type") or event.headers.get("Content-Type") or ""
+        if declared.split(";")[0].strip().lower() != content_types.APPLICATION_JSON:
+            return _unsupported_media_type()
+    answer: Response[str] = next_middleware(app)
+    return answer
+
+
+def _unsupported_media_type() -> Response[str]:
+    logger.info("request refused", reason="unsupported-media-type")
+    field = FieldError(field="header.content-type", message="must be application/json")
+    answer = ErrorAnswer(error="unsupported-media-type", fields=(field,))
+    return json_response(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, answer)
 
 
 def _answer(error: SeedkeeperError) -> tuple[int, ErrorAnswer]:
