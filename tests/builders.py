@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from seedkeeper import transitions
+from seedkeeper.lifecycle import Lifecycle, Written
 from seedkeeper.models import OwnerClaim, SeedIdentity
 from seedkeeper.record import Checkpoint, SeedFailed, SeedSucceeded, SlotRecord, State
 
@@ -110,3 +111,39 @@ def checkpoint(**changes: Any) -> Checkpoint:
         "incarnation": INCARNATION,
     }
     return Checkpoint.model_validate(fields | changes)
+
+
+def written(outcome: object) -> SlotRecord:
+    assert isinstance(outcome, Written), outcome
+    return outcome.record
+
+
+def stored_in(
+    lifecycle: Lifecycle, slot: str, state: State, incarnation: str | None = None
+) -> SlotRecord:
+    """A record in the table, brought to `state` through the lifecycle module itself."""
+    cold = state in {State.UNSEEDED, State.CLOSING}
+    birth = written(
+        lifecycle.birth(
+            slot,
+            owner=None if cold else owner(),
+            seed=None if cold else seed(),
+            origin=None if cold else ORIGIN,
+            now=NOW,
+            idle_deadline=NOW + IDLE,
+        )
+    )
+    first = birth.window.entries[0].ref
+    record = written(
+        lifecycle.record_incarnation(
+            birth, incarnation=incarnation or f"local:{slot}:1", launch=first, now=NOW
+        )
+    )
+    if state in {State.SEEDED, State.SEED_FAILED}:
+        verdict = success() if state is State.SEEDED else failure()
+        record = written(
+            lifecycle.settle_seed(record, attempt=1, restore=first, result=verdict, now=NOW)
+        )
+    if state is State.CLOSING:
+        record = written(lifecycle.fence(record, now=EXPIRED))
+    return record

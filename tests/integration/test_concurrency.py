@@ -13,10 +13,10 @@ from typing import Any
 
 import boto3
 
-from builders import NOW, ORIGIN, failure, owner, seed, success
+from builders import NOW, stored_in
 from conftest import Stack
 from seedkeeper.errors import ResourceNotFound, RotationConflict
-from seedkeeper.lifecycle import Lifecycle, Written
+from seedkeeper.lifecycle import Written
 from seedkeeper.r2 import backup_key
 from seedkeeper.record import SlotRecord, State, Supported
 from seedkeeper.rotation import Recorded
@@ -49,32 +49,6 @@ def jittered(rng: random.Random, action: Callable[[], Any]) -> Callable[[], Any]
     return delayed
 
 
-def born(lifecycle: Lifecycle, slot: str, state: State) -> SlotRecord:
-    cold = state is State.UNSEEDED
-    birth = lifecycle.birth(
-        slot,
-        owner=None if cold else owner(),
-        seed=None if cold else seed(),
-        origin=None if cold else ORIGIN,
-        now=NOW,
-        idle_deadline=NOW + IDLE,
-    )
-    assert isinstance(birth, Written)
-    first = birth.record.window.entries[0].ref
-    record = lifecycle.record_incarnation(
-        birth.record, incarnation=f"local:{slot}:1", launch=first, now=NOW
-    )
-    assert isinstance(record, Written)
-    if state in {State.SEEDED, State.SEED_FAILED}:
-        verdict = success() if state is State.SEEDED else failure()
-        settled = lifecycle.settle_seed(
-            record.record, attempt=1, restore=first, result=verdict, now=NOW
-        )
-        assert isinstance(settled, Written)
-        return settled.record
-    return record.record
-
-
 def test_the_fence_never_stops_a_seeded_or_touched_slot(stack: Stack) -> None:
     """A thousand races between the sweep's fence and a poll's touch, on slots in every
     live state: a touched slot is never fenced, a seeded one never."""
@@ -84,7 +58,7 @@ def test_the_fence_never_stops_a_seeded_or_touched_slot(stack: Stack) -> None:
     for index in range(INTERLEAVINGS):
         state = rng.choice([State.UNSEEDED, State.UNSEEDED, State.SEEDING, State.SEEDED])
         slot = f"race-{index}"
-        read = born(lifecycle, slot, state)  # what the sweep read from its index
+        read = stored_in(lifecycle, slot, state)  # what the sweep read from its index
 
         def fence(record: SlotRecord = read) -> Any:
             return lifecycle.fence(record, now=SWEEP_AT)

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import boto3
 import pytest
 
-from builders import EXPIRED, IDLE, INCARNATION, NOW, ORIGIN, failure, owner, seed, success
+from builders import EXPIRED, IDLE, INCARNATION, NOW, stored_in, written
 from conftest import Stack
 from seedkeeper import transitions
-from seedkeeper.lifecycle import Lifecycle, Written
+from seedkeeper.lifecycle import Lifecycle
 from seedkeeper.opwindow import Actor, OpKind
 from seedkeeper.r2 import backup_key
 from seedkeeper.record import SlotRecord, State, Supported, encode, slot_key
@@ -56,38 +56,6 @@ class FakeRuntime:
         self.stopped.append(incarnation)
 
 
-def written(outcome: object) -> SlotRecord:
-    assert isinstance(outcome, Written), outcome
-    return outcome.record
-
-
-def make(lifecycle: Lifecycle, slot: str, state: State, incarnation: str) -> SlotRecord:
-    """A record brought to `state` through the lifecycle module itself."""
-    cold = state in {State.UNSEEDED, State.CLOSING}
-    birth = written(
-        lifecycle.birth(
-            slot,
-            owner=None if cold else owner(),
-            seed=None if cold else seed(),
-            origin=None if cold else ORIGIN,
-            now=NOW,
-            idle_deadline=NOW + IDLE,
-        )
-    )
-    first = birth.window.entries[0].ref
-    record = written(
-        lifecycle.record_incarnation(birth, incarnation=incarnation, launch=first, now=NOW)
-    )
-    if state in {State.SEEDED, State.SEED_FAILED}:
-        verdict = success() if state is State.SEEDED else failure()
-        record = written(
-            lifecycle.settle_seed(record, attempt=1, restore=first, result=verdict, now=NOW)
-        )
-    if state is State.CLOSING:
-        record = written(lifecycle.fence(record, now=EXPIRED))
-    return record
-
-
 def touch(lifecycle: Lifecycle, record: SlotRecord, until: int) -> None:
     written(
         lifecycle.touch(
@@ -124,7 +92,7 @@ def test_the_whole_matrix_stops_only_what_the_design_permits(
     ):
         slot = f"row-{index}"
         incarnation = f"local:{slot}:1"
-        record = make(lifecycle, slot, state, incarnation)
+        record = stored_in(lifecycle, slot, state, incarnation)
         if unsettled and state is not State.CLOSING:
             record = written(
                 lifecycle.reserve(record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW)
@@ -164,7 +132,7 @@ def test_the_whole_matrix_stops_only_what_the_design_permits(
 
 
 def test_a_retained_reason_is_written_once(table: Table, lifecycle: Lifecycle) -> None:
-    record = make(lifecycle, "kept", State.SEEDED, INCARNATION)
+    record = stored_in(lifecycle, "kept", State.SEEDED, INCARNATION)
     runtime = FakeRuntime()
     first = sweeper(table, runtime).sweep()
     assert first.retained == {"seeded": 1}
@@ -186,8 +154,8 @@ def test_a_retained_reason_is_written_once(table: Table, lifecycle: Lifecycle) -
 def test_records_it_may_not_write_are_retained_untouched(
     table: Table, lifecycle: Lifecycle
 ) -> None:
-    make(lifecycle, "future", State.UNSEEDED, "local:future:1")
-    make(lifecycle, "broken", State.UNSEEDED, "local:broken:1")
+    stored_in(lifecycle, "future", State.UNSEEDED, "local:future:1")
+    stored_in(lifecycle, "broken", State.UNSEEDED, "local:broken:1")
     future: dict[str, Any] = {
         **slot_key("future"),
         "schema": 99,
