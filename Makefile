@@ -51,9 +51,10 @@ format: setup ## Apply ruff's fixes and formatting
 pr: lint test ## Everything a change must pass before it lands
 
 bench: setup bench-packages ## Benchmark the restore against curl + unsquashfs + git checkout (nginx on loopback)
-	$(BIN)/python benchmarks/restore.py
+	$(BIN)/python benchmarks/restore.py --sizes "1 GB" "300 MB"
 	$(BIN)/python benchmarks/imports.py
 	$(BIN)/python benchmarks/sweep.py
+	$(BIN)/python benchmarks/calls.py
 
 # nginx serves the benchmark's archives on loopback; curl is the baseline's downloader.
 .PHONY: bench bench-packages

@@ -54,9 +54,12 @@ from seedkeeper.infra import create_table, load_template
 from seedkeeper.lifecycle import Lifecycle, Written
 from seedkeeper.local.motoserver import AtomicMotoServer
 from seedkeeper.models import OwnerClaim, SeedIdentity
-from seedkeeper.plan import PLAN_VARIABLE, SlotPlan, Transfer
+from seedkeeper.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.publish import build_squashfs, measure
 from seedkeeper.record import SeedSucceeded, State, Supported
+from seedkeeper.rotation import Snapshots
+from seedkeeper.snapshot_store import SnapshotStore
+from seedkeeper.snapshots import Archive, NewSnapshot
 from seedkeeper.task import CHECKOUT
 
 GENERATOR_VERSION = 3  # bump when the generator changes: cached inputs are rebuilt
@@ -102,8 +105,8 @@ class Size:
         return f"v{GENERATOR_VERSION}-{self.files}-{self.scale:g}"
 
 
-# The same layout (names, kinds, relative sizes) at both sizes: only the bytes scale.
-SIZES = (Size("300 MB", 20_000, 0.62), Size("100 MB", 20_000, 0.19))
+# The same layout (names, kinds, relative sizes) at every size: only the bytes scale.
+SIZES = (Size("1 GB", 20_000, 2.08), Size("300 MB", 20_000, 0.62), Size("100 MB", 20_000, 0.19))
 
 
 class BenchError(Exception):
@@ -510,6 +513,7 @@ class Bench:
     nginx: Nginx
     endpoint: str
     lifecycle: Lifecycle
+    snapshots: SnapshotStore
     environment: dict[str, str]  # what every subprocess inherits: no SEEDKEEPER_*, fake AWS
     slots: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -519,11 +523,25 @@ class Bench:
         folder.mkdir(parents=True)
         return folder
 
+    def record(self, case: Input) -> None:
+        archive = Archive(backup_id=case.archive.stem, size=case.size, sha256=case.sha256)
+        snapshot = NewSnapshot(
+            resource=case.archive.stem,
+            ref=REF,
+            sha=case.commit,
+            created_at=int(time.time()),
+            checkout=archive,
+        )
+        Snapshots(self.snapshots, r2=None).record(snapshot)
+
     def ours(self, case: Input) -> OursRun:
         slot = f"bench-{next(self.slots)}"
         folder = self.run_dir(slot)
         seed = SeedIdentity(
-            resource="synthetic", ref=REF, sha=case.commit, checkout_backup_id=case.archive.stem
+            resource=case.archive.stem,
+            ref=REF,
+            sha=case.commit,
+            checkout_backup_id=case.archive.stem,
         )
         owner = OwnerClaim(
             run=f"run-{slot}",
@@ -535,7 +553,13 @@ class Bench:
         )
         now = int(time.time())
         born = self.lifecycle.birth(
-            slot, owner=owner, seed=seed, origin=ORIGIN, now=now, idle_deadline=now + 3600
+            slot,
+            owner=owner,
+            seed=seed,
+            origin=ORIGIN,
+            now=now,
+            idle_deadline=now + 3600,
+            requires=self.snapshots.recorded_check(seed),
         )
         if not isinstance(born, Written) or born.entry is None:
             raise BenchError(f"{slot}: the birth was refused: {born}")
@@ -552,9 +576,7 @@ class Bench:
             seed=seed,
             owner=owner,
             origin=ORIGIN,
-            checkout=Transfer(
-                url=SecretStr(self.nginx.url(case.archive)), size=case.size, sha256=case.sha256
-            ),
+            checkout=SecretStr(self.nginx.url(case.archive)),
         )
         workspace = folder / "workspace"
         workspace.mkdir()
@@ -914,8 +936,11 @@ def measure_all(
             nginx=nginx,
             endpoint=moto.endpoint,
             lifecycle=Lifecycle(table.Table(TABLE)),
+            snapshots=SnapshotStore(table.Table(TABLE)),
             environment=_environment(workdir),
         )
+        for case in inputs:  # the records the task reads its archive's size and sha256 from
+            bench.record(case)
         console.print("warming up: one untimed run of each (imports, page cache)")
         bench.ours(inputs[0])
         bench.baseline(inputs[0])

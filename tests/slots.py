@@ -4,10 +4,16 @@ running the real slot task, moto standing in for DynamoDB and R2."""
 from __future__ import annotations
 
 import http.server
+import json
+import os
+import signal
+import socket
+import struct
 import subprocess
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +24,8 @@ from functions import event, invoke, load_function
 from seedkeeper.publish import publish
 from seedkeeper.r2 import backup_key
 from seedkeeper.record import Supported
-from seedkeeper.runtime import LocalRuntime
+from seedkeeper.restore.download import parse_content_range
+from seedkeeper.runtime import LocalRuntime, TaskStatus
 from seedkeeper.snapshots import Archive, NewSnapshot
 from seedkeeper.task import CHECKOUT, MARKER, STATE_DIR
 
@@ -93,6 +100,21 @@ class Slots:
         assert isinstance(classified, Supported), classified
         return classified.record
 
+    def kill(self, incarnation: str) -> None:
+        """SIGKILL the task's process group, as a lost host would end it, and wait until
+        the runtime sees it stopped."""
+        _, slot, attempt = incarnation.split(":")
+        launched = self.workspace(slot).parent / f"attempt-{attempt}.json"
+        os.killpg(json.loads(launched.read_text())["pid"], signal.SIGKILL)
+        wait_for(lambda: self.runtime.status(incarnation) is TaskStatus.STOPPED, incarnation)
+
+
+def wait_for(condition: Callable[[], bool], what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"still waiting for {what} after {seconds}s"
+        time.sleep(0.02)
+
 
 def record_archive(
     slots: Slots, backup_id: str, body: bytes, *, size: int, sha256: str, sha: str
@@ -138,20 +160,32 @@ def assert_no_half_tree(slots: Slots, slot: str) -> None:
 
 
 class TamperingProxy(http.server.ThreadingHTTPServer):
-    """Stands between the slot task and R2: holds archive GETs until released ("stall"),
-    or sends half of each body and hangs up ("truncate")."""
+    """Stands between the slot task and R2. Modes: "stall" holds archive GETs until
+    released; "truncate" sends half of each body and hangs up; for ranged GETs,
+    "error5xx" answers 503, "reset" sends the body up to the object's midpoint and resets
+    the connection (an RST), "stall-midway" sends it up to the midpoint and goes silent
+    until released."""
 
     def __init__(self, upstream: str, mode: str = "stall") -> None:
         self.upstream = upstream
         self.mode = mode
         self.release = threading.Event()
         self.gets = threading.Event()
+        self.ranges: list[str] = []  # the Range header of each ranged GET, in order
         super().__init__(("127.0.0.1", 0), _ProxyHandler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def close(self) -> None:
+        self.release.set()
+        self.shutdown()
+        self.server_close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client hanging up on a stalled or cut answer is part of the tests."""
 
 
 class _ProxyHandler(http.server.BaseHTTPRequestHandler):
@@ -161,11 +195,20 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        self.server.gets.set()
-        if self.server.mode == "stall":
-            self.server.release.wait(120)
-        request = urllib.request.Request(self.server.upstream + self.path)  # noqa: S310
-        if "Range" in self.headers:
+        proxy, ranged = self.server, "Range" in self.headers
+        proxy.gets.set()
+        if ranged:
+            proxy.ranges.append(self.headers["Range"])
+        mode = proxy.mode if ranged or proxy.mode in ("stall", "truncate") else None
+        if mode == "stall":
+            proxy.release.wait(120)
+        if mode == "error5xx":
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        request = urllib.request.Request(proxy.upstream + self.path)  # noqa: S310
+        if ranged:
             request.add_header("Range", self.headers["Range"])
         assert request.full_url.startswith("http://127.0.0.1:")
         with urllib.request.urlopen(request, timeout=30) as upstream:  # noqa: S310 - loopback
@@ -176,7 +219,25 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
                     self.send_header(name, upstream.headers[name])
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            if self.server.mode == "truncate":
-                body = body[: len(body) // 2]
-                self.close_connection = True
-            self.wfile.write(body)
+            content_range = upstream.headers.get("Content-Range")
+        if mode == "truncate":
+            body = body[: len(body) // 2]
+        elif mode in ("reset", "stall-midway"):
+            body = body[: _to_midpoint(content_range)]
+        self.wfile.write(body)
+        if mode == "reset":
+            linger = struct.pack("ii", 1, 0)  # the close sends an RST, not a FIN
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+            self.rfile.close()
+            self.connection.close()
+        elif mode == "stall-midway":
+            proxy.release.wait(120)
+
+
+def _to_midpoint(content_range: str | None) -> int:
+    """How many bytes of a 206's body lie before the middle of the whole object."""
+    parsed = parse_content_range(content_range)
+    assert parsed is not None, content_range
+    first, _, total = parsed
+    assert total is not None, content_range
+    return max(0, total // 2 - first)

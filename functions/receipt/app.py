@@ -8,13 +8,22 @@ from http import HTTPStatus
 from aws_lambda_powertools.event_handler import Response
 
 from seedkeeper.config import witness_from_env
-from seedkeeper.http import NO_MATCH, entrypoint, function_url_app, json_response
-from seedkeeper.receipts import ReceiptRequest, Refused
+from seedkeeper.http import (
+    NO_MATCH,
+    ErrorAnswer,
+    entrypoint,
+    function_url_app,
+    json_response,
+    responses,
+)
+from seedkeeper.receipts import Receipt, ReceiptRequest, Refused
 
 app = function_url_app()
 
 
-@app.post("/receipt")
+@app.post(
+    "/receipt", responses=responses({HTTPStatus.OK: Receipt, HTTPStatus.NOT_FOUND: ErrorAnswer})
+)
 def receipt(request: ReceiptRequest) -> Response[str]:
     answer = witness_from_env().receipt(request)
     if isinstance(answer, Refused):

@@ -9,25 +9,44 @@ from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Path
 
 from seedkeeper.config import snapshots_from_env
-from seedkeeper.http import entrypoint, function_url_app, json_response
+from seedkeeper.http import ErrorAnswer, entrypoint, function_url_app, json_response, responses
 from seedkeeper.models import ResourceName
+from seedkeeper.rotation import Payment, Recorded, SnapshotStatus
 from seedkeeper.snapshots import NewSnapshot
 
 app = function_url_app()
 
 
-@app.post("/snapshots")
+@app.post(
+    "/snapshots",
+    responses=responses(
+        {HTTPStatus.OK: Recorded, HTTPStatus.CREATED: Recorded, HTTPStatus.CONFLICT: ErrorAnswer}
+    ),
+)
 def record(snapshot: NewSnapshot) -> Response[str]:
     recorded = snapshots_from_env().record(snapshot)
     return json_response(HTTPStatus.CREATED if recorded.rotated else HTTPStatus.OK, recorded)
 
 
-@app.get("/snapshots/<resource>")
+@app.get(
+    "/snapshots/<resource>",
+    responses=responses({HTTPStatus.OK: SnapshotStatus, HTTPStatus.NOT_FOUND: ErrorAnswer}),
+)
 def status(resource: Annotated[ResourceName, Path()]) -> Response[str]:
     return json_response(HTTPStatus.OK, snapshots_from_env().status(resource))
 
 
-@app.delete("/snapshots/<resource>")
+@app.delete(
+    "/snapshots/<resource>",
+    responses=responses(
+        {
+            HTTPStatus.OK: Payment,
+            HTTPStatus.NOT_FOUND: ErrorAnswer,
+            HTTPStatus.CONFLICT: ErrorAnswer,
+            HTTPStatus.SERVICE_UNAVAILABLE: Payment,
+        }
+    ),
+)
 def delete(resource: Annotated[ResourceName, Path()]) -> Response[str]:
     """200 once every object is gone; 503 while R2 still owes some (retry the DELETE)."""
     payment = snapshots_from_env().delete(resource)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from aws_lambda_powertools.event_handler import Response
 
 from seedkeeper.config import seed_service_from_env
-from seedkeeper.http import entrypoint, function_url_app, json_response
-from seedkeeper.seeding import SeedRequest
+from seedkeeper.http import entrypoint, function_url_app, json_response, responses
+from seedkeeper.seeding import ANSWERS, SeedRequest
 
 app = function_url_app()
 
 
-@app.post("/seed")
+@app.post("/seed", responses=responses(ANSWERS))
 def seed(request: SeedRequest) -> Response[str]:
     answer = seed_service_from_env().seed(request)
     return json_response(answer.status, answer.body)

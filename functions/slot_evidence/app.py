@@ -8,13 +8,23 @@ from http import HTTPStatus
 from aws_lambda_powertools.event_handler import Response
 
 from seedkeeper.config import witness_from_env
-from seedkeeper.http import NO_MATCH, entrypoint, function_url_app, json_response
-from seedkeeper.receipts import EvidenceRequest, Refused
+from seedkeeper.http import (
+    NO_MATCH,
+    ErrorAnswer,
+    entrypoint,
+    function_url_app,
+    json_response,
+    responses,
+)
+from seedkeeper.receipts import Evidence, EvidenceRequest, Refused
 
 app = function_url_app()
 
 
-@app.post("/slot-evidence")
+@app.post(
+    "/slot-evidence",
+    responses=responses({HTTPStatus.OK: Evidence, HTTPStatus.NOT_FOUND: ErrorAnswer}),
+)
 def slot_evidence(request: EvidenceRequest) -> Response[str]:
     answer = witness_from_env().evidence(request)
     if isinstance(answer, Refused):

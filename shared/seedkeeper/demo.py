@@ -86,7 +86,7 @@ class Demo:
 
     def _scenario(self) -> None:
         client = SeedkeeperClient(self.stack.url, credentials=self.signing)
-        repo = _repository(self.root / "widgets")
+        repo = sample_repository(self.root / "widgets")
         r2 = R2.from_settings(R2Settings())
 
         def publish() -> tuple[str, bool]:
@@ -149,9 +149,7 @@ class Demo:
 
         def rotate() -> tuple[str, bool]:
             for n in (2, 3):
-                (repo / f"change-{n}.txt").write_text(f"change {n}\n")
-                _git(repo, "add", "-A")
-                _git(repo, "commit", "-q", "-m", f"change {n}")
+                commit_change(repo, n)
                 client.publish(self._snapshot(repo, r2))
             after = client.snapshot_status(RESOURCE)
             current, retired = after.current, after.retired
@@ -161,13 +159,7 @@ class Demo:
         self.step("rotate twice; two generations kept", rotate)
 
     def _snapshot(self, repo: Path, r2: R2) -> NewSnapshot:
-        sha, ref = head_of(repo)
-        scratch = self.root / "scratch"
-        scratch.mkdir(exist_ok=True)
-        archive = upload_archive(repo, scratch, backup_id_for(RESOURCE, "checkout", sha), r2)
-        return NewSnapshot(
-            resource=RESOURCE, ref=ref, sha=sha, created_at=int(time.time()), checkout=archive
-        )
+        return published_snapshot(repo, RESOURCE, self.root / "scratch", r2)
 
     @staticmethod
     def _incarnation(slot: str) -> str:
@@ -188,7 +180,17 @@ class Demo:
         self.console.print(table)
 
 
-def _repository(path: Path) -> Path:
+def published_snapshot(repo: Path, resource: str, scratch: Path, r2: R2) -> NewSnapshot:
+    """The snapshot of `repo`'s HEAD, its checkout archive uploaded to R2."""
+    sha, ref = head_of(repo)
+    scratch.mkdir(exist_ok=True)
+    archive = upload_archive(repo, scratch, backup_id_for(resource, "checkout", sha), r2)
+    return NewSnapshot(
+        resource=resource, ref=ref, sha=sha, created_at=int(time.time()), checkout=archive
+    )
+
+
+def sample_repository(path: Path) -> Path:
     path.mkdir(parents=True)
     _git(path, "init", "-q", "--initial-branch=main")
     (path / "README.md").write_text("# widgets\n")
@@ -197,6 +199,12 @@ def _repository(path: Path) -> Path:
     _git(path, "add", "-A")
     _git(path, "commit", "-q", "-m", "first")
     return path
+
+
+def commit_change(repo: Path, n: int) -> None:
+    (repo / f"change-{n}.txt").write_text(f"change {n}\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", f"change {n}")
 
 
 def _git(repo: Path, *args: str) -> None:

@@ -59,10 +59,21 @@ _TRANSIENT_CODES = frozenset(
 )
 
 
+# Why a transaction's item was cancelled when nothing about the data refused it.
+_TRANSIENT_REASONS = frozenset(
+    {"None", "ThrottlingError", "TransactionConflict", "ProvisionedThroughputExceeded"}
+)
+
+
 def translate_client_error(error: ClientError) -> SeedkeeperError:
+    """Callers answer failed conditions themselves; what reaches here is an error."""
     code = error.response.get("Error", {}).get("Code", "")
     if code in _TRANSIENT_CODES:
         return StoreUnavailable(code)
+    if code == "TransactionCanceledException":
+        reasons = {r.get("Code", "None") for r in error.response.get("CancellationReasons", [])}
+        if reasons <= _TRANSIENT_REASONS:
+            return StoreUnavailable(code)
     return StoreError(code or "unknown")
 
 

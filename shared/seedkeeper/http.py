@@ -1,12 +1,14 @@
-"""What every function URL shares: the resolver, `GET /healthz`, and the one mapping of
-domain errors to HTTP answers. Handlers stay thin: parse, one call, answer."""
+"""What every function URL shares: the resolver, `GET /healthz`, the one mapping of
+domain errors to HTTP answers, and how a route documents them. Handlers stay thin: parse,
+one call, answer."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
-from typing import Any
+from types import UnionType
+from typing import TYPE_CHECKING, Any
 
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Response, content_types
 from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
@@ -14,6 +16,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
     RequestUnsupportedContentType,
     RequestValidationError,
 )
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel
 
@@ -31,6 +34,9 @@ from seedkeeper.errors import (
 from seedkeeper.models import Model
 from seedkeeper.observability import logger
 from seedkeeper.r2 import R2Settings, transfer_mode
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.event_handler.openapi.models import OpenAPI
 
 Handler = Callable[[dict[str, Any], LambdaContext], dict[str, Any]]
 _FIELD_CHARS = 120
@@ -62,11 +68,61 @@ def json_response(status: int, body: BaseModel) -> Response[str]:
     return Response(status, content_types.APPLICATION_JSON, body.model_dump_json())
 
 
+# A body model, or a union of them (`Seeded | Cold`) when one status has several bodies.
+Body = type[BaseModel] | UnionType
+
+# What a route may answer besides its own answers: any route, a body that is not JSON
+# (`_json_bodies_only`); a route that takes input and reaches a store, also invalid input
+# (`invalid`) and the domain errors `_answer` maps to 500 or 503.
+_UNSUPPORTED: Mapping[int, Body] = {HTTPStatus.UNSUPPORTED_MEDIA_TYPE: ErrorAnswer}
+_REFUSALS: Mapping[int, Body] = {
+    **_UNSUPPORTED,
+    HTTPStatus.BAD_REQUEST: ErrorAnswer,
+    HTTPStatus.INTERNAL_SERVER_ERROR: ErrorAnswer,
+    HTTPStatus.SERVICE_UNAVAILABLE: ErrorAnswer,
+}
+
+
+def responses(
+    answers: Mapping[int, Body], refusals: Mapping[int, Body] = _REFUSALS
+) -> dict[int, OpenAPIResponse]:
+    """A route's documented answers (its `responses=`): its own and the refusals it shares.
+    A status both give is documented with either body. The handlers return `Response[str]`,
+    which Powertools would otherwise document as one 200 string."""
+    bodies = dict(answers)
+    for status, body in refusals.items():
+        bodies[status] = bodies[status] | body if status in bodies else body
+    return {
+        int(status): {
+            "description": HTTPStatus(status).phrase,
+            "content": {content_types.APPLICATION_JSON: {"model": body}},
+        }
+        for status, body in sorted(bodies.items())
+    }
+
+
+class _Resolver(LambdaFunctionUrlResolver):
+    def get_openapi_schema(self, *args: Any, **kwargs: Any) -> OpenAPI:
+        """The generated document without the 422 `HTTPValidationError` (and its schemas)
+        Powertools adds to every route once validation is on: invalid input gets a 400
+        `ErrorAnswer` here (`invalid`), never a 422, and Powertools 3.37 has no way to leave
+        it out (aws-powertools/powertools-lambda-python#4928)."""
+        document = super().get_openapi_schema(*args, **kwargs)
+        for item in (document.paths or {}).values():
+            for operation in (item.get, item.put, item.post, item.delete, item.patch, item.head):
+                if operation is not None and operation.responses:
+                    operation.responses.pop(HTTPStatus.UNPROCESSABLE_ENTITY, None)
+        if document.components and document.components.schemas:
+            for unused in ("HTTPValidationError", "ValidationError", "ResponseValidationError"):
+                document.components.schemas.pop(unused, None)
+        return document
+
+
 def function_url_app() -> LambdaFunctionUrlResolver:
-    app = LambdaFunctionUrlResolver(enable_validation=True)
+    app = _Resolver(enable_validation=True)
     app.use(middlewares=[_json_bodies_only])
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses=responses({HTTPStatus.OK: Health}, refusals=_UNSUPPORTED))
     def healthz() -> Response[str]:
         build = os.environ.get("SEEDKEEPER_BUILD", __version__)
         mode = transfer_mode(R2Settings()).mode

@@ -19,6 +19,7 @@ from botocore.exceptions import ClientError
 
 from seedkeeper import transitions
 from seedkeeper.errors import translate_client_error
+from seedkeeper.items import transaction_condition
 from seedkeeper.models import Incarnation, Origin, OwnerClaim, SeedIdentity
 from seedkeeper.opwindow import Actor, Operation, OpKind, OpRef
 from seedkeeper.record import (
@@ -56,6 +57,11 @@ class Conflict:
     current: Classified
 
 
+@dataclass(frozen=True)
+class Unmet:
+    """A birth's precondition on another item failed: nothing was written."""
+
+
 Outcome = Written | Conflict | Acknowledged | Refused
 
 
@@ -81,19 +87,34 @@ class Lifecycle:
         origin: Origin | None,
         now: int,
         idle_deadline: int,
-    ) -> Written | Conflict:
+        requires: Mapping[str, Any] | None = None,
+    ) -> Written | Conflict | Unmet:
+        """Write the slot's first record, in one transaction with `requires` (a condition
+        on another item, such as the seed's snapshot being recorded) when given."""
         change = transitions.born(
             slot, owner=owner, seed=seed, origin=origin, now=now, idle_deadline=idle_deadline
         )
         first_writer = Attr("PK").not_exists()  # a slot is born once
+        put = {
+            "TableName": self._table.name,
+            "Item": encode(change.record),
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            **transaction_condition(first_writer),
+        }
+        items = [{"Put": put}, *([requires] if requires is not None else [])]
         try:
-            self._table.put_item(
-                Item=encode(change.record),
-                ConditionExpression=first_writer,
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            )
+            self._table.meta.client.transact_write_items(TransactItems=items)  # type: ignore[arg-type]
         except ClientError as error:
-            return self._conflict(slot, error)
+            if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                raise translate_client_error(error) from error
+            born, required = [*error.response.get("CancellationReasons", []), {}, {}][:2]
+            if born.get("Code") == "ConditionalCheckFailed":
+                return Conflict(classify(slot, _item(born.get("Item"))))
+            if required.get("Code") == "ConditionalCheckFailed":
+                return Unmet()
+            if born.get("Code") == "TransactionConflict":
+                return Conflict(self.read(slot))  # another birth is being written: re-decide
+            raise translate_client_error(error) from error
         return Written(change.record, change.entry)
 
     def record_incarnation(
@@ -251,9 +272,14 @@ class Lifecycle:
     def _conflict(slot: str, error: ClientError) -> Conflict:
         if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
             raise translate_client_error(error) from error
-        old: Mapping[str, Any] | None = error.response.get("Item")  # type: ignore[assignment]
-        item = {name: _deserialize(value) for name, value in old.items()} if old else None
-        return Conflict(classify(slot, item))
+        return Conflict(classify(slot, _item(error.response.get("Item"))))
+
+
+def _item(returned: object) -> dict[str, Any] | None:
+    """An item DynamoDB handed back with a failed condition (in its wire format)."""
+    if not isinstance(returned, Mapping) or not returned:
+        return None
+    return {name: _deserialize(value) for name, value in returned.items()}
 
 
 def _update_expression(

@@ -14,15 +14,6 @@ from seedkeeper.opwindow import OpRef
 PLAN_VARIABLE = "SEEDKEEPER_PLAN"
 
 
-class Transfer(Model):
-    """One archive to fetch: a presigned GET URL (a credential until it expires) and the
-    size and sha256 the snapshot recorded for it."""
-
-    url: SecretStr
-    size: Annotated[int, Field(ge=1)]
-    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-
-
 class SlotPlan(Model):
     slot: SlotId
     attempt: Annotated[int, Field(ge=1)]
@@ -30,8 +21,10 @@ class SlotPlan(Model):
     seed: SeedIdentity | None = None
     owner: OwnerClaim | None = None
     origin: Origin | None = None
-    checkout: Transfer | None = None
-    deps: Transfer | None = None
+    # Presigned GET URLs of the seed's archives (credentials until they expire). The task
+    # reads the size and sha256 to verify against from the snapshot records themselves.
+    checkout: SecretStr | None = None
+    deps: SecretStr | None = None
     deps_path: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")] = (
         "node_modules"
     )
@@ -39,9 +32,9 @@ class SlotPlan(Model):
     def to_env(self) -> str:
         """The JSON for PLAN_VARIABLE, URLs revealed (SecretStr hides them everywhere else)."""
         body = self.model_dump(mode="json", exclude_none=True)
-        for name, transfer in (("checkout", self.checkout), ("deps", self.deps)):
-            if transfer is not None:
-                body[name]["url"] = transfer.url.get_secret_value()
+        for name, url in (("checkout", self.checkout), ("deps", self.deps)):
+            if url is not None:
+                body[name] = url.get_secret_value()
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod

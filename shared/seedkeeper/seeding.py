@@ -8,18 +8,19 @@ touch of the checkout. Anyone else gets a 409 reason token and learns nothing mo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
+from types import UnionType
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from seedkeeper.checkpoints import IdleSettings
-from seedkeeper.lifecycle import Conflict, Lifecycle, Written
+from seedkeeper.lifecycle import Conflict, Lifecycle, Unmet, Written
 from seedkeeper.models import Model, Origin, OwnerClaim, SeedIdentity, SlotId
 from seedkeeper.opwindow import OpRef
-from seedkeeper.plan import SlotPlan, Transfer
+from seedkeeper.plan import SlotPlan
 from seedkeeper.r2 import R2, backup_key
 from seedkeeper.record import (
     Absent,
@@ -32,7 +33,6 @@ from seedkeeper.record import (
 )
 from seedkeeper.runtime import SlotRuntime, TaskStatus
 from seedkeeper.snapshot_store import SnapshotStore
-from seedkeeper.snapshots import Archive, Resident
 from seedkeeper.transitions import Acknowledged, Refused
 
 # Re-deciding after a lost race: each round sees a newer record, so few are ever needed.
@@ -101,6 +101,15 @@ class Answer:
     body: BaseModel
 
 
+# Every status `SeedService.seed` answers with, and its bodies: the route documents these.
+ANSWERS: Mapping[int, type[BaseModel] | UnionType] = {
+    HTTPStatus.OK: Seeded | NotSeeded | Cold,
+    HTTPStatus.ACCEPTED: Seeding,
+    HTTPStatus.CONFLICT: Refusal,
+    HTTPStatus.SERVICE_UNAVAILABLE: Refusal,
+}
+
+
 class SeedService:
     def __init__(
         self,
@@ -148,26 +157,26 @@ class SeedService:
         return Answer(HTTPStatus.SERVICE_UNAVAILABLE, Refusal(error="retry-later"))
 
     def _birth(self, request: SeedRequest) -> Answer | None:
-        """None when another caller's birth won the race: the caller re-decides."""
-        transfers: tuple[Transfer | None, Transfer | None] = (None, None)
-        if request.seed is not None:
-            found = self._transfers(request.seed)
-            if found is None:
-                return Answer(HTTPStatus.OK, NotSeeded(reason="seed-missing"))
-            transfers = found
+        """None when another caller's birth won the race: the caller re-decides. A seeded
+        slot is born only in one transaction with the proof that a recorded generation
+        names its seed, so nothing unrecorded is ever presigned."""
+        seed = request.seed
         now = self._clock()
         born = self._lifecycle.birth(
             request.slot,
             owner=request.claim,
-            seed=request.seed,
+            seed=seed,
             origin=request.origin,
             now=now,
             idle_deadline=now + self._settings.idle_window,
+            requires=self._snapshots.recorded_check(seed) if seed is not None else None,
         )
+        if isinstance(born, Unmet):
+            return Answer(HTTPStatus.OK, NotSeeded(reason="seed-missing"))
         if isinstance(born, Conflict):
             return None
         assert born.entry is not None
-        return self._launch(born.record, born.entry.ref, transfers)
+        return self._launch(born.record, born.entry.ref)
 
     def _attach(self, request: SeedRequest, record: SlotRecord) -> Answer:
         """The same call again: answer the state, finishing a launch a dead handler left."""
@@ -197,32 +206,24 @@ class SeedService:
         return self._relaunch(request, outcome.record, outcome.entry.ref)
 
     def _relaunch(self, request: SeedRequest, record: SlotRecord, op: OpRef) -> Answer:
-        transfers: tuple[Transfer | None, Transfer | None] = (None, None)
-        if request.seed is not None:
-            found = self._transfers(request.seed)
-            if found is None:
-                # Rotated out since birth: nothing unrecorded is presigned. The record stays
-                # seeding with its launch unsettled, so the slot is retained.
-                return Answer(HTTPStatus.OK, NotSeeded(reason="seed-missing"))
-            transfers = found
-        return self._launch(record, op, transfers)
+        seed = request.seed
+        if seed is not None and self._snapshots.read(seed.resource).archives_for(seed) is None:
+            # Rotated out since birth: nothing unrecorded is presigned. The record stays
+            # seeding with its launch unsettled, so the slot is retained.
+            return Answer(HTTPStatus.OK, NotSeeded(reason="seed-missing"))
+        return self._launch(record, op)
 
-    def _launch(
-        self,
-        record: SlotRecord,
-        op: OpRef,
-        transfers: tuple[Transfer | None, Transfer | None],
-    ) -> Answer:
-        checkout, deps = transfers
+    def _launch(self, record: SlotRecord, op: OpRef) -> Answer:
+        seed = record.seed
         plan = SlotPlan(
             slot=record.slot,
             attempt=record.attempt,
             op=op,
-            seed=record.seed,
+            seed=seed,
             owner=record.owner,
             origin=record.origin,
-            checkout=checkout,
-            deps=deps,
+            checkout=self._presign(seed.checkout_backup_id) if seed else None,
+            deps=self._presign(seed.deps_backup_id) if seed and seed.deps_backup_id else None,
             deps_path=self._settings.deps_path,
         )
         incarnation = self._runtime().launch(plan)
@@ -239,33 +240,11 @@ class SeedService:
             record = outcome.current.record  # the task settled or a poll touched: re-decide
         return Answer(*_answer(record))
 
-    def _transfers(self, seed: SeedIdentity) -> tuple[Transfer, Transfer | None] | None:
-        """Presigned transfers for the seed's archives, only if a recorded generation of
-        its resource names them at its sha: nothing else is ever presigned."""
-        resident = self._snapshots.read(seed.resource)
-        generation = resident.generation_naming(seed.checkout_backup_id)
-        if generation is None or generation.checkout.backup_id != seed.checkout_backup_id:
-            return None
-        if generation.sha != seed.sha:
-            return None
-        deps = None
-        if seed.deps_backup_id is not None:
-            deps = _recorded_deps(resident, seed.deps_backup_id)
-            if deps is None:
-                return None
-        return self._transfer(generation.checkout), self._transfer(deps) if deps else None
-
-    def _transfer(self, archive: Archive) -> Transfer:
+    def _presign(self, backup_id: str) -> SecretStr:
+        """Called only for archives a record names (checked by the birth's transaction or
+        the relaunch's read); the task verifies each against its recorded size and sha256."""
         assert self._r2 is not None
-        url = self._r2.presign_get(backup_key(archive.backup_id), self._presign_expiry)
-        return Transfer(url=SecretStr(url), size=archive.size, sha256=archive.sha256)
-
-
-def _recorded_deps(resident: Resident, backup_id: str) -> Archive | None:
-    for generation in (resident.current, resident.retired):
-        if generation is not None and generation.deps and generation.deps.backup_id == backup_id:
-            return generation.deps
-    return None
+        return SecretStr(self._r2.presign_get(backup_key(backup_id), self._presign_expiry))
 
 
 def _refusal(request: SeedRequest, current: Classified) -> str | None:

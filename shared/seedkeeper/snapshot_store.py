@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from boto3.dynamodb.conditions import Attr, ConditionBase, ConditionExpressionBuilder, Key
+from boto3.dynamodb.conditions import Attr, ConditionBase, Key
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ValidationError
 
 from seedkeeper.errors import MalformedRecord, translate_client_error
-from seedkeeper.items import validate_item
+from seedkeeper.items import transaction_condition, validate_item
+from seedkeeper.models import SeedIdentity
 from seedkeeper.snapshots import DepsEntry, PendingDeletion, Resident, Rotation, Snapshot, Teardown
 
 if TYPE_CHECKING:
@@ -26,6 +27,9 @@ GARBAGE_PREFIX = "GARBAGE#"
 # Ledger entries sit in the sweep's sparse index under their own partition, keyed by when
 # they became owed, so the sweep finds every debt without scanning.
 DEBT_PARTITION = "debt"
+# Index attributes of the current item: what a seed may name (see `_seedable`).
+SEEDABLE = "seedable"
+SEEDABLE_DEPS = "seedable_deps"
 # DynamoDB's limit on the items of one transaction.
 TRANSACTION_ITEMS = 100
 
@@ -69,9 +73,10 @@ class SnapshotStore:
 
     def commit_rotation(self, rotation: Rotation) -> Committed | Lost:
         read, pk = rotation.read, _pk(rotation.current.resource)
-        operations: list[tuple[Purpose, dict[str, Any]]] = [
-            ("records", _put(pk, CURRENT_SK, rotation.current, _still(read.current))),
-        ]
+        current = _put(
+            pk, CURRENT_SK, rotation.current, _still(read.current), **_seedable(rotation)
+        )
+        operations: list[tuple[Purpose, dict[str, Any]]] = [("records", current)]
         if rotation.retired is not None:
             operations.append(
                 ("records", _put(pk, RETIRED_SK, rotation.retired, _still(read.retired)))
@@ -95,6 +100,18 @@ class SnapshotStore:
             for backup_id in sorted(rotation.current.backup_ids)
         )
         return self._transact(operations)
+
+    def recorded_check(self, seed: SeedIdentity) -> dict[str, Any]:
+        """A transaction item that holds only while a recorded generation names the seed's
+        archives at its sha (what `Resident.archives_for` finds): a birth carrying it
+        presigns nothing unrecorded, without a read of its own."""
+        names = Attr("schema").eq(SCHEMA) & Attr(SEEDABLE).contains(
+            _seed_token(seed.checkout_backup_id, seed.sha)
+        )
+        if seed.deps_backup_id is not None:
+            names = names & Attr(SEEDABLE_DEPS).contains(seed.deps_backup_id)
+        check = _check(_pk(seed.resource), CURRENT_SK, names)
+        return {kind: {"TableName": self._table.name, **body} for kind, body in check.items()}
 
     def commit_teardown(self, teardown: Teardown) -> Committed | Lost:
         """Remove every record; every object they named becomes a ledger debt."""
@@ -150,6 +167,21 @@ def _pk(resource: str) -> str:
     return RESIDENT_PREFIX + resource
 
 
+def _seed_token(checkout_backup_id: str, sha: str) -> str:
+    return f"{checkout_backup_id}@{sha}"
+
+
+def _seedable(rotation: Rotation) -> dict[str, set[str]]:
+    """The current item indexes what both generations let a seed name, so one condition on
+    it answers `Resident.archives_for`. Written in the rotation's own transaction."""
+    generations = [g for g in (rotation.current, rotation.retired) if g is not None]
+    index = {SEEDABLE: {_seed_token(g.checkout.backup_id, g.sha) for g in generations}}
+    deps = {g.deps.backup_id for g in generations if g.deps is not None}
+    if deps:  # DynamoDB has no empty sets
+        index[SEEDABLE_DEPS] = deps
+    return index
+
+
 def _deps_sk(entry: DepsEntry) -> str:
     return DEPS_PREFIX + entry.lockfile_hash
 
@@ -170,7 +202,7 @@ def _put(
 ) -> dict[str, Any]:
     fields = body.model_dump(mode="json", exclude_none=True)
     item = {"PK": pk, "SK": sk, "schema": SCHEMA, **fields, **index}
-    return {"Put": {"Item": item, **_expression(condition)}}
+    return {"Put": {"Item": item, **transaction_condition(condition)}}
 
 
 def _owe(pk: str, debt: PendingDeletion) -> dict[str, Any]:
@@ -180,28 +212,15 @@ def _owe(pk: str, debt: PendingDeletion) -> dict[str, Any]:
 
 
 def _delete(pk: str, sk: str, condition: ConditionBase) -> dict[str, Any]:
-    return {"Delete": {"Key": {"PK": pk, "SK": sk}, **_expression(condition)}}
+    return {"Delete": {"Key": {"PK": pk, "SK": sk}, **transaction_condition(condition)}}
 
 
 def _check(pk: str, sk: str, condition: ConditionBase) -> dict[str, Any]:
-    return {"ConditionCheck": {"Key": {"PK": pk, "SK": sk}, **_expression(condition)}}
-
-
-def _expression(condition: ConditionBase) -> dict[str, Any]:
-    """Transactions take each item's condition as its own expression: boto3 only builds
-    them for single-item calls."""
-    built = ConditionExpressionBuilder().build_expression(condition)
-    expression: dict[str, Any] = {
-        "ConditionExpression": built.condition_expression,
-        "ExpressionAttributeNames": built.attribute_name_placeholders,
-    }
-    if built.attribute_value_placeholders:
-        expression["ExpressionAttributeValues"] = built.attribute_value_placeholders
-    return expression
+    return {"ConditionCheck": {"Key": {"PK": pk, "SK": sk}, **transaction_condition(condition)}}
 
 
 # Keys and index attributes, not facts of the record.
-_KEYS = frozenset({"PK", "SK", "schema", "sweep", "idle_deadline"})
+_KEYS = frozenset({"PK", "SK", "schema", "sweep", "idle_deadline", SEEDABLE, SEEDABLE_DEPS})
 
 
 def _resident(resource: str, items: list[dict[str, Any]]) -> Resident:

@@ -14,7 +14,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from seedkeeper.models import BackupId, BranchRef, GitSha, Model, ResourceName
+from seedkeeper.models import BackupId, BranchRef, GitSha, Model, ResourceName, SeedIdentity
 from seedkeeper.record import EpochSeconds
 
 LockfileHash = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
@@ -126,6 +126,26 @@ class Resident:
             if generation is not None and backup_id in generation.backup_ids:
                 return generation
         return None
+
+    def archives_for(self, seed: SeedIdentity) -> tuple[Archive, Archive | None] | None:
+        """The recorded archives a seed names: the checkout of a generation at the seed's
+        sha, and deps of either generation. None when no record names them."""
+        generations = [g for g in (self.current, self.retired) if g is not None]
+        checkout = next(
+            (
+                g.checkout
+                for g in generations
+                if g.checkout.backup_id == seed.checkout_backup_id and g.sha == seed.sha
+            ),
+            None,
+        )
+        if checkout is None or seed.deps_backup_id is None:
+            return None if checkout is None else (checkout, None)
+        deps = next(
+            (g.deps for g in generations if g.deps and g.deps.backup_id == seed.deps_backup_id),
+            None,
+        )
+        return None if deps is None else (checkout, deps)
 
 
 class SeedHandle(Model):

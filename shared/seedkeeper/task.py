@@ -25,17 +25,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from seedkeeper.config import StoreSettings
 from seedkeeper.lifecycle import Conflict, Lifecycle, Written
 from seedkeeper.models import Model, Origin, OwnerClaim, SeedIdentity
 from seedkeeper.observability import logger
-from seedkeeper.plan import PLAN_VARIABLE, SlotPlan, Transfer
+from seedkeeper.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.record import SeedFailed, SeedSucceeded, State, Supported
 from seedkeeper.restore.download import DownloadFailed, download
 from seedkeeper.restore.extract import ExtractFailed, UnsafeArchive, extract, sweep_staging
+from seedkeeper.snapshot_store import SnapshotStore
+from seedkeeper.snapshots import Archive
 from seedkeeper.transitions import Acknowledged
 
 CHECKOUT = "checkout"
@@ -54,6 +56,8 @@ class TaskSettings(BaseSettings):
     incarnation: str | None = None
     restore_timeout: Annotated[float, Field(gt=0)] = 900.0
     download_parts: Annotated[int, Field(ge=1, le=32)] = 4
+    download_stall_timeout: Annotated[float, Field(gt=0)] = 15.0  # seconds without a byte
+    download_retries: Annotated[int, Field(ge=0, le=20)] = 5  # per range, in a row, no progress
     slot_uid: int | None = None  # who owns the restored tree; None keeps the task's own
     slot_gid: int | None = None
     sandbox_command: tuple[str, ...] = ()  # argv (JSON list); empty: wait until stopped
@@ -82,11 +86,17 @@ class Superseded(Exception):
 
 class SlotTask:
     def __init__(
-        self, plan: SlotPlan, settings: TaskSettings, lifecycle: Lifecycle, stop: threading.Event
+        self,
+        plan: SlotPlan,
+        settings: TaskSettings,
+        lifecycle: Lifecycle,
+        snapshots: SnapshotStore,
+        stop: threading.Event,
     ) -> None:
         self.plan = plan
         self.settings = settings
         self.lifecycle = lifecycle
+        self.snapshots = snapshots
         self.stop = stop
         self.workspace = settings.workspace
         self.checkout = self.workspace / CHECKOUT
@@ -159,10 +169,12 @@ class SlotTask:
         downloads.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + self.settings.restore_timeout
         with self._step("download"):
-            archive = self._download(plan.checkout, downloads / "checkout.sqsh", deadline)
-            deps_archive = (
-                self._download(plan.deps, downloads / "deps.sqsh", deadline) if plan.deps else None
-            )
+            checkout, deps = self._recorded_archives(seed)
+            archive = self._download(plan.checkout, checkout, downloads / "checkout.sqsh", deadline)
+            deps_archive = None
+            if deps is not None:
+                assert plan.deps is not None
+                deps_archive = self._download(plan.deps, deps, downloads / "deps.sqsh", deadline)
         with self._step("extract"):
             created.append(self.checkout)
             self._extract(archive, self.checkout)
@@ -176,15 +188,24 @@ class SlotTask:
             self._write_marker(seed, head)
         return head
 
-    def _download(self, transfer: Transfer, target: Path, deadline: float) -> Path:
+    def _recorded_archives(self, seed: SeedIdentity) -> tuple[Archive, Archive | None]:
+        """What to verify against, read from the snapshot records themselves."""
+        archives = self.snapshots.read(seed.resource).archives_for(seed)
+        if archives is None:
+            raise StepFailed("download", "seed-missing", "no recorded generation names the seed")
+        return archives
+
+    def _download(self, url: SecretStr, archive: Archive, target: Path, deadline: float) -> Path:
         try:
             download(
-                transfer.url.get_secret_value(),
+                url.get_secret_value(),
                 target,
-                size=transfer.size,
-                sha256=transfer.sha256,
+                size=archive.size,
+                sha256=archive.sha256,
                 deadline=deadline,
                 parts=self.settings.download_parts,
+                stall_timeout=self.settings.download_stall_timeout,
+                max_retries=self.settings.download_retries,
                 cancel=self.stop,
             )
         except DownloadFailed as failed:
@@ -320,7 +341,8 @@ def main() -> int:
         signal.signal(stopping, lambda *_: stop.set())
     plan = SlotPlan.from_env(os.environ[PLAN_VARIABLE])
     settings = TaskSettings()
-    task = SlotTask(plan, settings, StoreSettings().lifecycle(), stop)
+    table = StoreSettings().table_resource()
+    task = SlotTask(plan, settings, Lifecycle(table), SnapshotStore(table), stop)
     logger.append_keys(slot=plan.slot, attempt=plan.attempt, incarnation=settings.incarnation)
     logger.info("task started", seeded=plan.seed is not None)
     if plan.seed is not None and task.restore() == "superseded":

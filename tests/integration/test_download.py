@@ -32,6 +32,7 @@ SIZE = 24 * MIB
 SIGNATURE = "X-Amz-Signature=0123456789abcdef-never-in-a-message"
 RANGE_HEADER = re.compile(r"bytes=(\d+)-(\d*)")
 STARTS = [first for first, _ in plan_ranges(SIZE, 4)]  # 0, 6, 12, 18 MiB
+DRIBBLE = 768 * 1024  # less than one read (CHUNK_BYTES)
 
 # (range start or None without a Range header, how many times that start was asked) -> fault
 Fault = Callable[[int | None, int], str | None]
@@ -42,7 +43,8 @@ class RangeServer(ThreadingHTTPServer):
 
     Faults: "status:<code>", "ignore-range" (200 with the whole body), "truncate" (half the
     body, then close), "reset" (half the body, then RST), "stall" (half the body, then
-    silence), "hang" (no answer at all), "slow" (the body in small, paced pieces)."""
+    silence), "dribble" (DRIBBLE bytes, then silence), "hang" (no answer at all), "slow"
+    (the body in small, paced pieces)."""
 
     daemon_threads = True
 
@@ -111,7 +113,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _body(self, first: int, end: int, fault: str | None) -> None:
         with self.server.file.open("rb") as source:
-            if fault in ("truncate", "reset", "stall"):
+            if fault == "dribble":
+                self.connection.sendfile(source, first, min(DRIBBLE, end - first))
+                self.close_connection = True
+                self.server.release.wait(2)
+            elif fault in ("truncate", "reset", "stall"):
                 self.connection.sendfile(source, first, (end - first) // 2)
                 self.close_connection = True
                 if fault == "reset":
@@ -262,6 +268,25 @@ def test_a_range_recovers_from(case: Case, fetch: Fetch, server: RangeServer) ->
     if case.resumes_at is not None:
         assert resumed[-1] == case.resumes_at
     assert download_threads() == []
+
+
+def test_bytes_before_each_stall_are_kept_so_a_range_cut_every_time_completes(
+    fetch: Fetch, server: RangeServer
+) -> None:
+    """Every request of the range stalls after less than one read's worth of bytes: those
+    bytes are written and credited, so each retry resumes further on and the range never
+    runs out of retries (a read that threw them away would never make progress)."""
+    server.fault = lambda start, hit: (
+        "dribble" if start is not None and RANGE <= start < STARTS[3] else None
+    )
+
+    fetch(stall_timeout=0.1, max_retries=1)
+
+    assert fetch.target.read_bytes() == fetch.data
+    resumed = [
+        start for start in server.starts() if start is not None and RANGE <= start < STARTS[3]
+    ]
+    assert resumed == list(range(RANGE, STARTS[3], DRIBBLE))
 
 
 def test_a_range_answered_whole_falls_back_to_one_stream(fetch: Fetch, server: RangeServer) -> None:

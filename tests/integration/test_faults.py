@@ -66,24 +66,47 @@ def test_a_handler_that_died_after_launch_relaunches_nothing(slots: Slots, tmp_p
     assert slots.runtime.status(first) in {TaskStatus.RUNNING, TaskStatus.STOPPED}
 
 
+CANCELLED = {"Code": "TransactionCanceledException", "Message": "injected"}
+
+
 @pytest.mark.parametrize(
-    "code", ["ProvisionedThroughputExceededException", "ThrottlingException", "InternalServerError"]
+    "error",
+    [
+        {"Error": {"Code": code, "Message": "injected"}}
+        for code in ("ProvisionedThroughputExceededException", "ThrottlingException")
+    ]
+    + [
+        {"Error": {"Code": "InternalServerError", "Message": "injected"}},
+        # A transaction cancelled for no reason of its data: throttled, or in conflict
+        # with a rotation writing the snapshot record the birth checks.
+        {
+            "Error": CANCELLED,
+            "CancellationReasons": [{"Code": "None"}, {"Code": "ThrottlingError"}],
+        },
+        {
+            "Error": CANCELLED,
+            "CancellationReasons": [{"Code": "None"}, {"Code": "TransactionConflict"}],
+        },
+    ],
+    ids=["throughput", "throttling", "internal", "cancelled-throttled", "cancelled-conflict"],
 )
 def test_a_throttled_store_is_a_retryable_503_with_nothing_written(
-    slots: Slots, tmp_path: Any, code: str
+    slots: Slots, tmp_path: Any, error: dict[str, Any]
 ) -> None:
     seed = slots.publish(make_repository(tmp_path))
     body = slots.body(seed, slot="throttled")
     client = seed_service_from_env()._lifecycle._table.meta.client
 
     def throttle(**_: Any) -> None:
-        raise ClientError({"Error": {"Code": code, "Message": "injected"}}, "PutItem")
+        raise ClientError(error, "TransactWriteItems")  # type: ignore[arg-type]
 
-    client.meta.events.register("before-parameter-build.dynamodb.PutItem", throttle)
+    client.meta.events.register("before-parameter-build.dynamodb.TransactWriteItems", throttle)
     try:
         status, answer = invoke(seed_function, event("seed-new", body=body))
     finally:
-        client.meta.events.unregister("before-parameter-build.dynamodb.PutItem", throttle)
+        client.meta.events.unregister(
+            "before-parameter-build.dynamodb.TransactWriteItems", throttle
+        )
     assert (status, answer["error"]) == (503, "retry-later")
     assert slots.stack.store.lifecycle().read("throttled") == Absent("throttled")
     assert slots.attempts("throttled") == []

@@ -21,10 +21,11 @@ from builders import (
     owner,
     seed,
     success,
+    written,
 )
 from conftest import TABLE_NAME
 from seedkeeper.errors import StoreError, StoreUnavailable
-from seedkeeper.lifecycle import Conflict, Lifecycle, Outcome, Written
+from seedkeeper.lifecycle import Conflict, Lifecycle, Outcome
 from seedkeeper.opwindow import Actor, OpKind, OpRef, OpStatus
 from seedkeeper.record import (
     Absent,
@@ -47,11 +48,6 @@ LAUNCH = OpRef(ordinal=1, actor=Actor.SEED_FN, generation=1)
 
 def stored(table: Table) -> dict[str, Any] | None:
     return table.get_item(Key=slot_key(SLOT), ConsistentRead=True).get("Item")
-
-
-def written(outcome: Outcome | Conflict) -> SlotRecord:
-    assert isinstance(outcome, Written), outcome
-    return outcome.record
 
 
 def current(lifecycle: Lifecycle) -> SlotRecord:
@@ -435,7 +431,7 @@ def test_each_transition_is_one_dynamodb_call(lifecycle: Lifecycle, table: Table
     )
     record = current(lifecycle)
     written(lifecycle.settle_seed(record, attempt=1, restore=RESTORE, result=success(), now=NOW))
-    assert calls == Counter({"PutItem": 1, "UpdateItem": 3, "GetItem": 1})
+    assert calls == Counter({"TransactWriteItems": 1, "UpdateItem": 3, "GetItem": 1})
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from moto import mock_aws
 from pydantic import SecretStr
 
 from seedkeeper.opwindow import Actor, OpRef
-from seedkeeper.plan import PLAN_VARIABLE, SlotPlan, Transfer
+from seedkeeper.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.runtime import EcsRuntime, LocalRuntime, RuntimeSettings, TaskStatus, started_by
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def plan(slot: str = "slot-1", attempt: int = 1) -> SlotPlan:
         slot=slot,
         attempt=attempt,
         op=OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=attempt),
-        checkout=Transfer(url=SecretStr(SIGNED_URL), size=10, sha256="0" * 64),
+        checkout=SecretStr(SIGNED_URL),
     )
 
 

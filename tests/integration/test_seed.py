@@ -330,12 +330,31 @@ def test_a_poll_costs_one_dynamodb_call(slots: Slots, repo: Path) -> None:
     body = slots.body(slots.publish(repo))
     slots.seed(body)
     slots.settle(body)
-    calls: list[str] = []
-    service = seed_service_from_env()
-    table_client = service._lifecycle._table.meta.client
-    table_client.meta.events.register(
-        "before-call.dynamodb", lambda event_name, **_: calls.append(event_name)
-    )
+    calls = dynamodb_calls()
     status, _ = slots.seed(body)
     assert status == 200
-    assert calls == ["before-call.dynamodb.UpdateItem"]
+    assert calls == ["UpdateItem"]
+
+
+@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "cold"])
+def test_a_birth_costs_three_dynamodb_calls(slots: Slots, repo: Path, seeded: bool) -> None:
+    """The touch that finds no slot, the birth (one transaction with the proof that the
+    seed is recorded), the incarnation."""
+    body = slots.body(slots.publish(repo)) if seeded else {"slot": "cold", "seed": None}
+    calls = dynamodb_calls()
+    status, _ = slots.seed(body)
+    assert status == (202 if seeded else 200)
+    assert calls == ["UpdateItem", "TransactWriteItems", "UpdateItem"]
+
+
+def dynamodb_calls() -> list[str]:
+    """The operations the seed function's DynamoDB clients send from now on."""
+    calls: list[str] = []
+    service = seed_service_from_env()
+    lifecycle, snapshots = service._lifecycle, service._snapshots
+    clients = {id(t.meta.client): t.meta.client for t in (lifecycle._table, snapshots._table)}
+    for client in clients.values():
+        client.meta.events.register(
+            "before-call.dynamodb", lambda event_name, **_: calls.append(event_name.split(".")[-1])
+        )
+    return calls

@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 
 from conftest import Stack
 from seedkeeper.errors import ResourceNotFound, SnapshotRefused
+from seedkeeper.lifecycle import Lifecycle, Unmet, Written
+from seedkeeper.models import SeedIdentity
 from seedkeeper.r2 import R2, backup_key
 from seedkeeper.rotation import Snapshots
 from seedkeeper.snapshot_store import Committed, Lost, SnapshotStore
@@ -311,3 +313,43 @@ def test_one_rotation_costs_one_query_one_transaction_and_one_delete_batch(world
             "s3.DeleteObjects": 1,  # the owed objects, in one batch
         }
     )
+
+
+def test_the_births_check_agrees_with_the_records_for_every_seed(world: World) -> None:
+    """What the seed function's birth transaction checks on the current item is exactly what
+    `Resident.archives_for` finds in the records: before and after each rotation, and after
+    the resource is deleted."""
+    lifecycle = Lifecycle(world.store_table)
+    published = [world.snapshot(lockfile=f"lock-{n}") for n in range(3)]
+    deps_ids = [s.deps.backup_id for s in published if s.deps is not None]
+    checkouts = [s.checkout.backup_id for s in published] + deps_ids[:1]  # never a checkout
+    shas = [s.sha for s in published]
+    births = itertools.count()
+    checked = Counter[bool]()
+    for step in [*published, None]:
+        if step is None:
+            world.snapshots.delete(world.resource)
+        else:
+            world.snapshots.record(step)
+        resident = world.resident()
+        for checkout, sha, deps in itertools.product(checkouts, shas, [None, *deps_ids]):
+            seed = SeedIdentity(
+                resource=world.resource,
+                ref="main",
+                sha=sha,
+                checkout_backup_id=checkout,
+                deps_backup_id=deps,
+            )
+            born = lifecycle.birth(
+                f"check-{next(births)}",
+                owner=None,
+                seed=seed,
+                origin=None,
+                now=NOW,
+                idle_deadline=NOW + 60,
+                requires=world.store.recorded_check(seed),
+            )
+            recorded = resident.archives_for(seed) is not None
+            assert isinstance(born, Written if recorded else Unmet), (seed, born)
+            checked[recorded] += 1
+    assert checked[True] >= 10  # both generations, with and without deps, were seedable

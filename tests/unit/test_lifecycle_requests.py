@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import boto3
 import pytest
@@ -10,9 +10,9 @@ from boto3.dynamodb.types import TypeSerializer
 from botocore.stub import ANY, Stubber
 
 from builders import IDLE, NOW, ORIGIN, owner, record_in, seed
-from seedkeeper.lifecycle import Conflict, Lifecycle, Written
+from seedkeeper.lifecycle import Conflict, Lifecycle, Unmet, Written
 from seedkeeper.opwindow import Actor, OpKind
-from seedkeeper.record import Absent, State, Supported, encode
+from seedkeeper.record import Absent, SlotRecord, State, Supported, encode
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -63,17 +63,68 @@ def test_a_transition_is_one_conditional_update_returning_the_old_item_on_failur
 
 
 def test_a_failed_condition_becomes_a_conflict_carrying_the_old_item(table: Table) -> None:
-    winner = record_in(State.SEEDED)
-    old_item = {name: _serialize(value) for name, value in encode(winner).items()}
+    read = record_in(State.SEEDED)
+    winner = read.model_copy(update={"rev": read.rev + 3})
     with Stubber(table.meta.client) as stub:
         stub.add_client_error(
-            "put_item",
+            "update_item",
             service_error_code="ConditionalCheckFailedException",
             http_status_code=400,
             response_meta={},
-            modeled_fields={"Item": old_item},
+            modeled_fields={"Item": wire(winner)},
         )
-        outcome = Lifecycle(table).birth(
-            "slot-1", owner=owner(), seed=seed(), origin=ORIGIN, now=NOW, idle_deadline=NOW + IDLE
+        outcome = Lifecycle(table).reserve(
+            read, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW
         )
     assert outcome == Conflict(Supported(winner))
+
+
+@pytest.mark.parametrize(
+    ("reasons", "expected"),
+    [
+        ([{"Code": "ConditionalCheckFailed", "Item": "winner"}, {"Code": "None"}], "conflict"),
+        ([{"Code": "None"}, {"Code": "ConditionalCheckFailed"}], "unmet"),
+        # Both failed: the slot exists, so the caller re-decides on it.
+        (
+            [
+                {"Code": "ConditionalCheckFailed", "Item": "winner"},
+                {"Code": "ConditionalCheckFailed"},
+            ],
+            "conflict",
+        ),
+    ],
+)
+def test_a_birth_is_one_transaction_whose_reasons_become_answers(
+    table: Table, reasons: list[dict[str, Any]], expected: str
+) -> None:
+    winner = record_in(State.SEEDED)
+    key = {"PK": "RESIDENT#r", "SK": "SNAPSHOT#current"}
+    requires = {"ConditionCheck": {"TableName": "offline", "Key": key, "ConditionExpression": "x"}}
+    with Stubber(table.meta.client) as stub:
+        stub.add_client_error(
+            "transact_write_items",
+            service_error_code="TransactionCanceledException",
+            http_status_code=400,
+            response_meta={},
+            modeled_fields={
+                "CancellationReasons": [
+                    {**r, "Item": wire(winner)} if "Item" in r else r for r in reasons
+                ]
+            },
+            expected_params={"TransactItems": [{"Put": ANY}, requires]},
+        )
+        outcome = Lifecycle(table).birth(
+            "slot-1",
+            owner=owner(),
+            seed=seed(),
+            origin=ORIGIN,
+            now=NOW,
+            idle_deadline=NOW + IDLE,
+            requires=requires,
+        )
+        stub.assert_no_pending_responses()
+    assert outcome == (Conflict(Supported(winner)) if expected == "conflict" else Unmet())
+
+
+def wire(record: SlotRecord) -> dict[str, Any]:
+    return {name: _serialize(value) for name, value in encode(record).items()}

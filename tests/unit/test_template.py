@@ -50,6 +50,7 @@ TABLE_ACCESS: dict[str, set[tuple[str, str]]] = {
         ("dynamodb:GetItem", "table"),
         ("dynamodb:PutItem", "table"),
         ("dynamodb:UpdateItem", "table"),
+        ("dynamodb:ConditionCheckItem", "table"),
         ("dynamodb:Query", "table"),
     },
     "ReceiptFunction": {("dynamodb:GetItem", "table")},
@@ -68,7 +69,11 @@ TABLE_ACCESS: dict[str, set[tuple[str, str]]] = {
         ("dynamodb:DeleteItem", "table"),
         ("dynamodb:Query", "table"),
     },
-    "SlotTaskRole": {("dynamodb:GetItem", "table"), ("dynamodb:UpdateItem", "table")},
+    "SlotTaskRole": {
+        ("dynamodb:GetItem", "table"),
+        ("dynamodb:UpdateItem", "table"),
+        ("dynamodb:Query", "table"),
+    },
     "SlotTaskExecutionRole": set(),
 }
 TABLE_ARN = {"Fn::GetAtt": [TABLE_RESOURCE, "Arn"]}

@@ -5,8 +5,9 @@ Why it is built this way:
 - Several ranged GETs, not one stream: one connection to R2 is slower than a few, and one
   slow connection must not hold up the archive. The file is cut into contiguous ranges
   (`plan_ranges`) that `parts` workers take in file order, each on a kept-alive connection,
-  writing with `os.pwrite` at the range's offsets through a fixed 1 MiB buffer, so memory
-  stays bounded whatever the size.
+  writing with `os.pwrite` at the range's offsets at most 1 MiB at a time, so memory stays
+  bounded whatever the size. Each read is at most one receive: the bytes that arrived
+  before a reset or a stall are written and credited, never thrown away with the read.
 - Progress is judged by bytes arriving: the socket timeout is the stall timeout (never past
   the deadline), and a range that breaks, stalls or comes back short is re-requested from
   its last written byte, with a small exponential backoff. A client error other than
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 MIB = 1024 * 1024
-CHUNK_BYTES = MIB  # one read and one pwrite; a worker's whole buffer
+CHUNK_BYTES = MIB  # the most one read (and its pwrite) takes
 HASH_CHUNK_BYTES = 4 * MIB
 MIN_RANGE_BYTES = 4 * MIB  # smaller ranges cost a round trip for little
 SEGMENT_BYTES = 16 * MIB  # the longest range of a large file: bounds the unhashed tail
@@ -551,7 +552,6 @@ class _Worker:
     def __init__(self, job: _Job, pool: _Pool) -> None:
         self._job = job
         self._pool = pool
-        self._buffer = memoryview(bytearray(CHUNK_BYTES))
         self._link: _Link | None = None
 
     def run(self) -> None:
@@ -662,21 +662,21 @@ class _Worker:
     ) -> None:
         """Write the body into `claimed` from its next byte up to `stop_at`, after skipping
         `skip` leading bytes (a 200's body starts at byte 0)."""
-        job, pool, buffer = self._job, self._pool, self._buffer
+        job, pool = self._job, self._pool
         while claimed.next < stop_at:
-            want = min(len(buffer), skip or stop_at - claimed.next)
+            want = min(CHUNK_BYTES, skip or stop_at - claimed.next)
             try:
                 link.sock.settimeout(job.timeout(pool))
-                count = response.readinto(buffer[:want])
+                data = response.read1(want)
             except (OSError, http.client.HTTPException, ValueError) as failed:
                 raise _Retry(_retry_reason(failed)) from None
-            if count <= 0:
+            if not data:
                 raise _Retry("short-read")
             if skip:
-                skip -= count
+                skip -= len(data)
                 continue
-            job.write(pool, buffer[:count], claimed.next)
-            job.advance(claimed, count)
+            job.write(pool, memoryview(data), claimed.next)
+            job.advance(claimed, len(data))
 
 
 def _retry_reason(failed: BaseException) -> str:

@@ -1,0 +1,242 @@
+"""DynamoDB and R2 calls per request (`make bench`), counted with botocore's event hooks.
+
+Each request goes through the local stack as the executor sends it: signed HTTP to the
+function-URL gateway, which runs the same handlers in this process. A `before-call` hook on
+the default boto3 session, registered before any client exists, counts every API call the
+handlers make (the slot tasks are processes of their own and are not counted). Setting up
+a checkpoint and uploading archives happen outside the counted requests.
+
+Targets: a seed birth at most 3 DynamoDB calls, a poll exactly 1, a receipt and slot
+evidence 1 plus at most one R2 HEAD, a rotation one transaction plus one delete batch.
+It never fails on a target; exit 1 only when the benchmark itself breaks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.credentials import Credentials
+from rich.console import Console
+from rich.table import Table
+
+from seedkeeper.checkpoints import IdleSettings, new_checkpoint
+from seedkeeper.client import SeedkeeperClient
+from seedkeeper.config import StoreSettings
+from seedkeeper.demo import commit_change, published_snapshot, sample_repository
+from seedkeeper.lifecycle import Written
+from seedkeeper.local.gateway import LocalCredentials
+from seedkeeper.local.stack import LocalStack
+from seedkeeper.models import OwnerClaim, SeedIdentity
+from seedkeeper.observability import logger
+from seedkeeper.opwindow import Actor, OpKind
+from seedkeeper.r2 import R2, R2Settings
+from seedkeeper.record import Supported
+from seedkeeper.seeding import Seeded
+
+RESOURCE = "calls-widgets"
+ORIGIN = "https://git.example.com/calls/widgets.git"
+
+
+class CallCounter:
+    """Counts `service:Operation` for every API call any client of the session makes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: Counter[str] = Counter()
+
+    def __call__(self, event_name: str, **_: Any) -> None:
+        _, service, operation = event_name.split(".", 2)
+        with self._lock:
+            self._seen[f"{service}:{operation}"] += 1
+
+    @contextmanager
+    def counting(self) -> Iterator[Counter[str]]:
+        counted: Counter[str] = Counter()
+        with self._lock:
+            self._seen = counted
+        yield counted
+        with self._lock:
+            self._seen = Counter()
+
+
+@dataclass(frozen=True)
+class Row:
+    request: str
+    calls: Counter[str]
+    target: str
+    met: bool
+
+    def of(self, service: str) -> int:
+        return sum(n for name, n in self.calls.items() if name.startswith(service + ":"))
+
+
+def dynamodb_at_most(limit: int) -> Callable[[Counter[str]], bool]:
+    return lambda calls: sum(n for k, n in calls.items() if k.startswith("dynamodb:")) <= limit
+
+
+def run(root: Path, console: Console) -> list[Row]:
+    counter = CallCounter()
+    boto3.setup_default_session()
+    assert boto3.DEFAULT_SESSION is not None
+    boto3.DEFAULT_SESSION.events.register("before-call", counter)
+    credentials = LocalCredentials("calls-access-key", secrets.token_hex(16))
+    stack = LocalStack(
+        data_dir=root / "data", port=0, credentials=credentials, sweep_interval=3600
+    ).start()
+    rows: list[Row] = []
+
+    def measure(
+        request: str, target: str, met: Callable[[Counter[str]], bool], call: Callable[[], object]
+    ) -> object:
+        with counter.counting() as calls:
+            answer = call()
+        rows.append(Row(request, Counter(calls), target, met(calls)))
+        return answer
+
+    try:
+        client = SeedkeeperClient(
+            stack.url, credentials=Credentials(credentials.access_key, credentials.secret_key)
+        )
+        r2 = R2.from_settings(R2Settings())
+        repo = sample_repository(root / "widgets")
+        first = published_snapshot(repo, RESOURCE, root / "scratch", r2)
+        measure(
+            "rotation, the first generation (owes nothing)",
+            "1 transaction",
+            lambda c: c["dynamodb:TransactWriteItems"] == 1 and c["s3:DeleteObjects"] == 0,
+            lambda: client.publish(first),
+        )
+        seed = SeedIdentity(
+            resource=RESOURCE,
+            ref=first.ref,
+            sha=first.sha,
+            checkout_backup_id=first.checkout.backup_id,
+        )
+        claim = OwnerClaim(
+            run="calls-run",
+            requester="bench",
+            thread="bench",
+            repository="calls/widgets",
+            ref=first.ref,
+            head=first.sha,
+        )
+        seed_once = lambda: client.seed("seeded", seed, claim=claim, origin=ORIGIN)  # noqa: E731
+        measure("seed: birth of a seeded slot", "DynamoDB ≤ 3", dynamodb_at_most(3), seed_once)
+        measure(
+            "seed: poll", "DynamoDB exactly 1", lambda c: c == {"dynamodb:UpdateItem": 1}, seed_once
+        )
+        measure(
+            "seed: birth of a cold slot",
+            "DynamoDB ≤ 3",
+            dynamodb_at_most(3),
+            lambda: client.seed("cold", None),
+        )
+        final = client.seed("seeded", seed, claim=claim, origin=ORIGIN, wait=True)
+        if not isinstance(final, Seeded):
+            raise RuntimeError(f"the slot did not seed: {final}")
+        incarnation = final.incarnation or ""
+        receipt = lambda: client.receipt(  # noqa: E731
+            "seeded", claim=claim, seed=seed, incarnation=incarnation
+        )
+        evidence = lambda: client.slot_evidence("seeded", claim=claim)  # noqa: E731
+        one_read = "DynamoDB 1, R2 HEAD ≤ 1"
+        measure("receipt, no checkpoint", one_read, exactly_one_read, receipt)
+        measure("slot evidence, no checkpoint", one_read, exactly_one_read, evidence)
+        record_checkpoint(r2, root, "seeded", claim, incarnation)
+        measure("receipt, a checkpoint recorded", one_read, exactly_one_read, receipt)
+        measure("slot evidence, a checkpoint recorded", one_read, exactly_one_read, evidence)
+        for n in (2, 3):
+            commit_change(repo, n)
+            snapshot = published_snapshot(repo, RESOURCE, root / "scratch", r2)
+            owes = n == 3  # the third generation retires the first one's objects
+            measure(
+                f"rotation to generation {n}" + (" (owes the first's objects)" if owes else ""),
+                "1 transaction + 1 delete batch" if owes else "1 transaction",
+                rotation_met(owes),
+                lambda snapshot=snapshot: client.publish(snapshot),  # type: ignore[misc]
+            )
+    finally:
+        stack.stop()
+    return rows
+
+
+def exactly_one_read(calls: Counter[str]) -> bool:
+    dynamodb = {k: n for k, n in calls.items() if k.startswith("dynamodb:")}
+    return dynamodb == {"dynamodb:GetItem": 1} and calls["s3:HeadObject"] <= 1
+
+
+def rotation_met(owes: bool) -> Callable[[Counter[str]], bool]:
+    return lambda calls: (
+        calls["dynamodb:TransactWriteItems"] == 1 and calls["s3:DeleteObjects"] == int(owes)
+    )
+
+
+def record_checkpoint(r2: R2, root: Path, slot: str, owner: OwnerClaim, incarnation: str) -> None:
+    """A checkpoint of the slot, uploaded and recorded as the slot task records one."""
+    lifecycle = StoreSettings().lifecycle()
+    classified = lifecycle.read(slot)
+    assert isinstance(classified, Supported)
+    now = int(time.time())
+    upload = lifecycle.reserve(
+        classified.record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=now
+    )
+    assert isinstance(upload, Written)
+    assert upload.entry is not None
+    body = b"the run's work, checkpointed"
+    archive = root / "checkpoint.sqsh"
+    archive.write_bytes(body)
+    facts = r2.upload(f"checkpoints/{slot}/1.sqsh", archive)
+    checkpoint = new_checkpoint(
+        IdleSettings(),
+        uploaded=facts,
+        sha256=hashlib.sha256(body).hexdigest(),
+        owner=owner,
+        incarnation=incarnation,
+        now=now,
+    )
+    recorded = lifecycle.record_checkpoint(
+        upload.record, checkpoint=checkpoint, upload=upload.entry.ref, now=now
+    )
+    assert isinstance(recorded, Written), recorded
+
+
+def report(rows: list[Row], console: Console) -> None:
+    table = Table(title="API calls per request (botocore before-call hooks)")
+    table.add_column("request")
+    table.add_column("DynamoDB", justify="right")
+    table.add_column("R2", justify="right")
+    table.add_column("calls")
+    table.add_column("target")
+    table.add_column("met")
+    for row in rows:
+        calls = ", ".join(f"{name} {n}" for name, n in sorted(row.calls.items()))
+        mark = "[green]yes[/green]" if row.met else "[red]NO[/red]"
+        table.add_row(
+            row.request, str(row.of("dynamodb")), str(row.of("s3")), calls, row.target, mark
+        )
+    console.print(table)
+
+
+def main() -> int:
+    console = Console(width=max(Console().width, 140))
+    logger.setLevel("WARNING")
+    with tempfile.TemporaryDirectory(prefix="seedkeeper-calls-") as root:
+        rows = run(Path(root), console)
+    report(rows, console)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
