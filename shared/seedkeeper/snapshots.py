@@ -120,13 +120,6 @@ class Resident:
             deps_backup_id=current.deps.backup_id if current.deps else None,
         )
 
-    def generation_naming(self, backup_id: str) -> Snapshot | None:
-        """The recorded generation whose archives include `backup_id`, if any."""
-        for generation in (self.current, self.retired):
-            if generation is not None and backup_id in generation.backup_ids:
-                return generation
-        return None
-
     def archives_for(self, seed: SeedIdentity) -> tuple[Archive, Archive | None] | None:
         """The recorded archives a seed names: the checkout of a generation at the seed's
         sha, and deps of either generation. None when no record names them."""

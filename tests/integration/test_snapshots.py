@@ -127,10 +127,9 @@ def test_a_sequence_of_rotations_keeps_two_generations_and_pays_the_rest(world: 
         assert recorded.rotated
         assert recorded.current.generation == n + 1
         if handle is not None:  # a handle read from status before this rotation
-            resident = world.resident()
-            assert resident.generation_naming(handle.checkout_backup_id) is not None
-            assert handle.deps_backup_id in resident.recorded_ids
-            assert handle.checkout_backup_id in world.objects()
+            seed = SeedIdentity(resource=world.resource, **handle.model_dump())
+            assert world.resident().archives_for(seed) is not None  # it still seeds
+            assert {handle.checkout_backup_id, handle.deps_backup_id} <= world.objects()
         handle = world.snapshots.status(world.resource).seed_handle
         check_invariants(world, ever)
     assert world.resident().pending == ()

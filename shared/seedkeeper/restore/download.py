@@ -5,9 +5,10 @@ Why it is built this way:
 - Several ranged GETs, not one stream: one connection to R2 is slower than a few, and one
   slow connection must not hold up the archive. The file is cut into contiguous ranges
   (`plan_ranges`) that `parts` workers take in file order, each on a kept-alive connection,
-  writing with `os.pwrite` at the range's offsets at most 1 MiB at a time, so memory stays
-  bounded whatever the size. Each read is at most one receive: the bytes that arrived
-  before a reset or a stall are written and credited, never thrown away with the read.
+  writing with `os.pwrite` at the range's offsets through a fixed 1 MiB buffer, so memory
+  stays bounded whatever the size. Each read is at most one receive (`_OneReceive`): the
+  bytes that arrived before a reset or a stall are written and credited, never thrown
+  away with the read that failed.
 - Progress is judged by bytes arriving: the socket timeout is the stall timeout (never past
   the deadline), and a range that breaks, stalls or comes back short is re-requested from
   its last written byte, with a small exponential backoff. A client error other than
@@ -40,7 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, BinaryIO, Literal
 from urllib.parse import urlsplit
 
 from seedkeeper.errors import SeedkeeperError
@@ -56,7 +57,7 @@ __all__ = [
 ]
 
 MIB = 1024 * 1024
-CHUNK_BYTES = MIB  # the most one read (and its pwrite) takes
+CHUNK_BYTES = MIB  # one read and one pwrite at most; a worker's whole buffer
 HASH_CHUNK_BYTES = 4 * MIB
 MIN_RANGE_BYTES = 4 * MIB  # smaller ranges cost a round trip for little
 SEGMENT_BYTES = 16 * MIB  # the longest range of a large file: bounds the unhashed tail
@@ -552,6 +553,7 @@ class _Worker:
     def __init__(self, job: _Job, pool: _Pool) -> None:
         self._job = job
         self._pool = pool
+        self._buffer = memoryview(bytearray(CHUNK_BYTES))
         self._link: _Link | None = None
 
     def run(self) -> None:
@@ -619,6 +621,8 @@ class _Worker:
             response = link.response = link.conn.getresponse()
         except (OSError, http.client.HTTPException, ValueError) as failed:
             raise _Retry(_retry_reason(failed)) from None
+        if not response.chunked:  # chunked framing needs whole reads (never seen from R2)
+            response.fp = _OneReceive(response.fp)  # type: ignore[assignment]
         status = response.status
         if status == 206:
             skip, stop_at = 0, self._accept_range(response, claimed)
@@ -662,21 +666,39 @@ class _Worker:
     ) -> None:
         """Write the body into `claimed` from its next byte up to `stop_at`, after skipping
         `skip` leading bytes (a 200's body starts at byte 0)."""
-        job, pool = self._job, self._pool
+        job, pool, buffer = self._job, self._pool, self._buffer
         while claimed.next < stop_at:
-            want = min(CHUNK_BYTES, skip or stop_at - claimed.next)
+            want = min(len(buffer), skip or stop_at - claimed.next)
             try:
                 link.sock.settimeout(job.timeout(pool))
-                data = response.read1(want)
+                count = response.readinto(buffer[:want])
             except (OSError, http.client.HTTPException, ValueError) as failed:
                 raise _Retry(_retry_reason(failed)) from None
-            if not data:
+            if count <= 0:
                 raise _Retry("short-read")
             if skip:
-                skip -= len(data)
+                skip -= count
                 continue
-            job.write(pool, memoryview(data), claimed.next)
-            job.advance(claimed, len(data))
+            job.write(pool, buffer[:count], claimed.next)
+            job.advance(claimed, count)
+
+
+class _OneReceive:
+    """A response's body stream whose `readinto` returns after at most one receive.
+
+    `HTTPResponse.readinto` (which keeps the body's length and the connection's reuse
+    right) calls its stream's `readinto`; a buffered reader's fills the whole buffer over
+    many receives, and when one of them fails, the bytes before it are lost with the
+    exception. `readinto1` hands over what has arrived, into the same fixed buffer."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+
+    def readinto(self, buffer: memoryview) -> int:
+        return self._stream.readinto1(buffer)  # type: ignore[attr-defined,no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def _retry_reason(failed: BaseException) -> str:
