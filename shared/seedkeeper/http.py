@@ -18,7 +18,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
 )
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from seedkeeper import __version__
 from seedkeeper.errors import (
@@ -146,6 +146,14 @@ def function_url_app() -> LambdaFunctionUrlResolver:
     @app.exception_handler(RequestUnsupportedContentType)  # type: ignore[untyped-decorator]
     def unsupported(_: RequestUnsupportedContentType) -> Response[str]:
         return _unsupported_media_type()
+
+    @app.exception_handler(ValidationError)  # type: ignore[untyped-decorator]
+    def misconfigured(error: ValidationError) -> Response[str]:
+        # Bodies are validated before a route runs (`invalid`); what fails inside one is the
+        # deployment's settings. Named for the operator, their values never logged.
+        names = [".".join(str(part) for part in issue["loc"]) for issue in error.errors()]
+        logger.error("settings invalid", model=error.title, fields=names[:_MAX_FIELDS])
+        return json_response(HTTPStatus.INTERNAL_SERVER_ERROR, ErrorAnswer(error="internal-error"))
 
     @app.exception_handler(SeedkeeperError)  # type: ignore[untyped-decorator]
     def domain(error: SeedkeeperError) -> Response[str]:

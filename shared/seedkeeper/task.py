@@ -44,6 +44,9 @@ CHECKOUT = "checkout"
 STATE_DIR = ".seedkeeper"
 MARKER = "seed.json"
 _SETTLE_ROUNDS = 8
+# The fix-up runs git in the archive's own `.git`: what it configures to run on a checkout
+# (hooks, an fsmonitor command) must not run in the slot task.
+_NO_ARCHIVE_COMMANDS = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
 
 Reason = Literal["seed-missing", "seed-failed"]
 Verdict = Literal["seeded", "failed", "superseded"]
@@ -244,7 +247,7 @@ class SlotTask:
     def _git(self, *args: str) -> str:
         try:
             done = subprocess.run(
-                ["git", "-C", str(self.checkout), *args],
+                ["git", *_NO_ARCHIVE_COMMANDS, "-C", str(self.checkout), *args],
                 check=True,
                 capture_output=True,
                 text=True,

@@ -1,4 +1,5 @@
-"""Faults: a seed handler that dies half-way, and a store that throttles."""
+"""Faults: a seed handler that dies half-way, a store that throttles, a deployment whose
+settings are invalid."""
 
 from __future__ import annotations
 
@@ -114,3 +115,27 @@ def test_a_throttled_store_is_a_retryable_503_with_nothing_written(
     assert "injected" not in json.dumps(answer)
     status, _ = slots.seed(body)  # the retry goes through
     assert status == 202
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        ("SEEDKEEPER_TABLE", "t!", "table"),
+        ("SEEDKEEPER_IDLE_WINDOW", "soon-ish", "idle_window"),
+        ("SEEDKEEPER_R2_ENDPOINT", "ftp://r2.internal.example", "endpoint"),
+    ],
+    ids=lambda setting: setting[0],
+)
+def test_invalid_settings_are_a_500_naming_the_setting_never_its_value(
+    slots: Slots,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    setting: tuple[str, str, str],
+) -> None:
+    variable, value, field = setting
+    monkeypatch.setenv(variable, value)
+    status, answer = invoke(seed_function, event("seed-cold"))
+    assert (status, answer) == (500, {"error": "internal-error", "detail": None, "fields": []})
+    refusal = next(r for r in caplog.records if r.getMessage() == "settings invalid")
+    assert refusal.__dict__["fields"] == [field]
+    assert value not in caplog.text + repr([r.__dict__ for r in caplog.records])

@@ -358,3 +358,24 @@ def dynamodb_calls() -> list[str]:
             "before-call.dynamodb", lambda event_name, **_: calls.append(event_name.split(".")[-1])
         )
     return calls
+
+
+def test_an_archives_own_git_hooks_and_fsmonitor_never_run_in_the_slot_task(
+    slots: Slots, repo: Path, tmp_path: Path
+) -> None:
+    """The fix-up runs git inside the restored `.git`: what the archive configures there
+    to run on checkout (a hook, an fsmonitor command) must not run in the slot task."""
+    ran = tmp_path / "ran"
+    hook = repo / ".git" / "hooks" / "post-checkout"
+    hook.write_text(f"#!/bin/sh\ntouch {ran}/hook\n")
+    hook.chmod(0o755)
+    monitor = repo / ".git" / "fsmonitor.sh"
+    monitor.write_text(f"#!/bin/sh\ntouch {ran}/fsmonitor\n")
+    monitor.chmod(0o755)
+    git(repo, "config", "core.fsmonitor", str(monitor))
+    ran.mkdir()
+    body = slots.body(slots.publish(repo))
+    slots.seed(body)
+    _, answer = slots.settle(body)
+    assert answer["seeded"] is True, slots.log("slot-1")
+    assert list(ran.iterdir()) == []
