@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -79,11 +80,15 @@ class Row:
     met: bool
 
     def of(self, service: str) -> int:
-        return sum(n for name, n in self.calls.items() if name.startswith(service + ":"))
+        return calls_to(service, self.calls)
+
+
+def calls_to(service: str, calls: Counter[str]) -> int:
+    return sum(n for name, n in calls.items() if name.startswith(service + ":"))
 
 
 def dynamodb_at_most(limit: int) -> Callable[[Counter[str]], bool]:
-    return lambda calls: sum(n for k, n in calls.items() if k.startswith("dynamodb:")) <= limit
+    return lambda calls: calls_to("dynamodb", calls) <= limit
 
 
 def run(root: Path, console: Console) -> list[Row]:
@@ -132,7 +137,7 @@ def run(root: Path, console: Console) -> list[Row]:
             ref=first.ref,
             head=first.sha,
         )
-        seed_once = lambda: client.seed("seeded", seed, claim=claim, origin=ORIGIN)  # noqa: E731
+        seed_once = partial(client.seed, "seeded", seed, claim=claim, origin=ORIGIN)
         measure("seed: birth of a seeded slot", "DynamoDB ≤ 3", dynamodb_at_most(3), seed_once)
         measure(
             "seed: poll", "DynamoDB exactly 1", lambda c: c == {"dynamodb:UpdateItem": 1}, seed_once
@@ -141,16 +146,14 @@ def run(root: Path, console: Console) -> list[Row]:
             "seed: birth of a cold slot",
             "DynamoDB ≤ 3",
             dynamodb_at_most(3),
-            lambda: client.seed("cold", None),
+            partial(client.seed, "cold", None),
         )
         final = client.seed("seeded", seed, claim=claim, origin=ORIGIN, wait=True)
         if not isinstance(final, Seeded):
             raise RuntimeError(f"the slot did not seed: {final}")
         incarnation = final.incarnation or ""
-        receipt = lambda: client.receipt(  # noqa: E731
-            "seeded", claim=claim, seed=seed, incarnation=incarnation
-        )
-        evidence = lambda: client.slot_evidence("seeded", claim=claim)  # noqa: E731
+        receipt = partial(client.receipt, "seeded", claim=claim, seed=seed, incarnation=incarnation)
+        evidence = partial(client.slot_evidence, "seeded", claim=claim)
         one_read = "DynamoDB 1, R2 HEAD ≤ 1"
         measure("receipt, no checkpoint", one_read, exactly_one_read, receipt)
         measure("slot evidence, no checkpoint", one_read, exactly_one_read, evidence)
@@ -165,7 +168,7 @@ def run(root: Path, console: Console) -> list[Row]:
                 f"rotation to generation {n}" + (" (owes the first's objects)" if owes else ""),
                 "1 transaction + 1 delete batch" if owes else "1 transaction",
                 rotation_met(owes),
-                lambda snapshot=snapshot: client.publish(snapshot),  # type: ignore[misc]
+                partial(client.publish, snapshot),
             )
     finally:
         stack.stop()
@@ -173,8 +176,8 @@ def run(root: Path, console: Console) -> list[Row]:
 
 
 def exactly_one_read(calls: Counter[str]) -> bool:
-    dynamodb = {k: n for k, n in calls.items() if k.startswith("dynamodb:")}
-    return dynamodb == {"dynamodb:GetItem": 1} and calls["s3:HeadObject"] <= 1
+    reads = calls["dynamodb:GetItem"]
+    return reads == calls_to("dynamodb", calls) == 1 and calls["s3:HeadObject"] <= 1
 
 
 def rotation_met(owes: bool) -> Callable[[Counter[str]], bool]:

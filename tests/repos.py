@@ -15,10 +15,9 @@ def git(repo: Path, *args: str) -> str:
     ).stdout.strip()
 
 
-def make_repository(root: Path) -> Path:
-    """Commits, a symlink, an executable, an empty directory, an ignored file, and work
-    that is not committed: a checkout as a resident holds it."""
-    repo = root / "widgets"
+def new_repository(repo: Path) -> Path:
+    """An initialised repository, nothing committed: a README, an executable script and a
+    symlink to the README."""
     repo.mkdir()
     git(repo, "init", "--quiet", "--initial-branch=main")
     git(repo, "config", "user.email", "resident@example.com")
@@ -29,6 +28,13 @@ def make_repository(root: Path) -> Path:
     tool.write_text("#!/bin/sh\necho widget\n")
     tool.chmod(0o755)
     (repo / "docs").symlink_to("README.md")
+    return repo
+
+
+def make_repository(root: Path) -> Path:
+    """Commits, a symlink, an executable, an empty directory, an ignored file, and work
+    that is not committed: a checkout as a resident holds it."""
+    repo = new_repository(root / "widgets")
     (repo / ".gitignore").write_text("build/\n")
     git(repo, "add", "-A")
     git(repo, "commit", "--quiet", "-m", "first")

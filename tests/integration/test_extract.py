@@ -14,6 +14,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from repos import git, new_repository
 from seedkeeper.publish import build_squashfs
 from seedkeeper.restore.extract import (
     ExtractFailed,
@@ -37,27 +38,11 @@ pytestmark = pytest.mark.skipif(
 Entry = tuple[str, int, bytes, int]
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
 def make_checkout(root: Path) -> Path:
     """A real repository with its .git, committed and uncommitted work, a file symlink and
     a directory symlink, an executable, an empty and a read-only directory, a fifo, and
     names with a space, ` -> ` and a newline."""
-    repo = root / "source"
-    repo.mkdir()
-    git(repo, "init", "--quiet", "--initial-branch=main")
-    git(repo, "config", "user.email", "resident@example.com")
-    git(repo, "config", "user.name", "Resident")
-    (repo / "README.md").write_text("# widgets\n")
-    (repo / "src").mkdir()
-    tool = repo / "src" / "tool.sh"
-    tool.write_text("#!/bin/sh\necho widget\n")
-    tool.chmod(0o755)
-    (repo / "docs").symlink_to("README.md")
+    repo = new_repository(root / "source")
     (repo / "src" / "up").symlink_to("../README.md")
     (repo / "lib").symlink_to("src")
     git(repo, "add", "-A")

@@ -6,25 +6,29 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
+from pydantic import SecretStr
 
+from conftest import Stack
 from functions import event, invoke
 from repos import git, tree
 from seedkeeper import transitions
 from seedkeeper.config import seed_service, seed_service_from_env
+from seedkeeper.lifecycle import Lifecycle, Written
+from seedkeeper.models import SeedIdentity
+from seedkeeper.plan import SlotPlan
 from seedkeeper.r2 import R2Settings, backup_key
-from seedkeeper.record import State
+from seedkeeper.record import SeedFailed, State, Supported
 from seedkeeper.runtime import RuntimeSettings, TaskStatus
 from seedkeeper.seeding import SeedSettings
+from seedkeeper.snapshot_store import SnapshotStore
 from seedkeeper.snapshots import NewSnapshot
-from seedkeeper.task import CHECKOUT, MARKER, STATE_DIR
+from seedkeeper.task import CHECKOUT, MARKER, STATE_DIR, SlotTask, TaskSettings
 from slots import (
     ORIGIN,
     Slots,
@@ -255,12 +259,7 @@ def test_a_task_killed_mid_download_stays_seeding_and_the_next_attempt_spares_a_
     status, answer = slots.seed(body)
     assert status == 202
     assert proxy.gets.wait(30), slots.log("killed")
-    process = json.loads((slots.workspace("killed").parent / "attempt-1.json").read_text())
-    os.killpg(process["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while slots.runtime.status(answer["incarnation"]) is not TaskStatus.STOPPED:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    slots.kill(answer["incarnation"])
 
     record = slots.record("killed")
     assert record.state is State.SEEDING
@@ -379,3 +378,41 @@ def test_an_archives_own_git_hooks_and_fsmonitor_never_run_in_the_slot_task(
     _, answer = slots.settle(body)
     assert answer["seeded"] is True, slots.log("slot-1")
     assert list(ran.iterdir()) == []
+
+
+def test_a_seed_rotated_out_after_its_birth_settles_seed_missing_in_the_task(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The task verifies against the snapshot records, not the plan: a seed no record names
+    any more (rotated out between the birth and the task's read) is never fetched."""
+    lifecycle = stack.store.lifecycle()
+    seed = SeedIdentity(
+        resource="widgets", ref="main", sha="a" * 40, checkout_backup_id="gone-checkout"
+    )
+    born = lifecycle.birth(
+        "gone", owner=None, seed=seed, origin=None, now=1_800_000_000, idle_deadline=1_800_000_600
+    )
+    assert isinstance(born, Written)
+    assert born.entry is not None
+    plan = SlotPlan(
+        slot="gone",
+        attempt=1,
+        op=born.entry.ref,
+        seed=seed,
+        checkout=SecretStr("http://127.0.0.1:9/never-fetched"),
+    )
+    table = stack.store.table_resource()
+    task = SlotTask(
+        plan,
+        TaskSettings(workspace=tmp_path / "workspace"),
+        Lifecycle(table),
+        SnapshotStore(table),
+        threading.Event(),
+    )
+    assert task.restore() == "failed"
+    classified = lifecycle.read("gone")
+    assert isinstance(classified, Supported)
+    result = classified.record.result
+    assert isinstance(result, SeedFailed)
+    assert (result.reason, result.step) == ("seed-missing", "download")
+    assert not (tmp_path / "workspace" / CHECKOUT).exists()
