@@ -59,9 +59,14 @@ class SeedSucceeded(Model):
     ms: EpochSeconds
 
 
+# Why a seed failed: its archives are not recorded (or gone), the restore failed, or the
+# archive tried to cross the trust boundary (DESIGN §9) and was refused.
+FailureReason = Literal["seed-missing", "seed-failed", "unsafe-archive"]
+
+
 class SeedFailed(Model):
     outcome: Literal["failed"] = "failed"
-    reason: Literal["seed-missing", "seed-failed"]
+    reason: FailureReason
     step: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
     detail: Detail
 

@@ -33,7 +33,7 @@ from seedkeeper.lifecycle import Conflict, Lifecycle, Written
 from seedkeeper.models import Model, Origin, OwnerClaim, SeedIdentity
 from seedkeeper.observability import logger
 from seedkeeper.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.record import SeedFailed, SeedSucceeded, State, Supported
+from seedkeeper.record import FailureReason, SeedFailed, SeedSucceeded, State, Supported
 from seedkeeper.restore.download import DownloadFailed, download
 from seedkeeper.restore.extract import ExtractFailed, UnsafeArchive, extract, sweep_staging
 from seedkeeper.snapshot_store import SnapshotStore
@@ -48,7 +48,6 @@ _SETTLE_ROUNDS = 8
 # (hooks, an fsmonitor command) must not run in the slot task.
 _NO_ARCHIVE_COMMANDS = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
 
-Reason = Literal["seed-missing", "seed-failed"]
 Verdict = Literal["seeded", "failed", "superseded"]
 
 
@@ -78,7 +77,7 @@ class Marker(Model):
 
 
 class StepFailed(Exception):
-    def __init__(self, step: str, reason: Reason, detail: str) -> None:
+    def __init__(self, step: str, reason: FailureReason, detail: str) -> None:
         super().__init__(f"{step}: {detail}")
         self.step, self.reason, self.detail = step, reason, detail
 
