@@ -85,6 +85,12 @@ def _parser() -> argparse.ArgumentParser:
     publishing.add_argument("--deps", type=Path, help="the dependency tree to archive")
     publishing.add_argument("--lockfile-hash", help="the key of the dependency archive")
     publishing.add_argument("--ref", help="the branch to record (default: the checkout's)")
+    publishing.add_argument(
+        "--scrub-credentials",
+        action="store_true",
+        help="archive a copy of .git/config without the credentials found in it (the "
+        "checkout is left as it is); without it, such a checkout is refused",
+    )
     publishing.set_defaults(run=_publish)
 
     resources = commands.add_parser("snapshots", help="inspect or delete a resource's snapshots")
@@ -206,6 +212,10 @@ def _publish(args: argparse.Namespace) -> int:
             lockfile_hash=args.lockfile_hash,
             ref=args.ref,
             progress=advance,
+            scrub_credentials=args.scrub_credentials,
+            scrubbed=lambda removed: console.print(
+                f"scrubbed from the archive: {', '.join(removed)}", markup=False
+            ),
         )
     console.print(_recorded(recorded))
     return 0

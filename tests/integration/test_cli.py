@@ -12,6 +12,8 @@ import boto3
 import pytest
 
 from builders import IDLE, NOW, ORIGIN, owner, seed
+from conftest import Stack
+from repos import git, make_repository
 from seedkeeper.lifecycle import Lifecycle, Written
 
 SEEDKEEPER = str(Path(sys.executable).with_name("seedkeeper"))
@@ -66,3 +68,26 @@ def test_bad_input_names_the_field(store_env: dict[str, str]) -> None:
     )
     assert no_table.returncode == 2
     assert "table" in no_table.stdout
+
+
+def test_publish_refuses_a_checkout_holding_credentials_unless_asked_to_scrub(
+    stack: Stack, tmp_path: Path
+) -> None:
+    token = "ghp_CliTestSecret0123456789"  # noqa: S105 - a planted credential, not a real one
+    repo = make_repository(tmp_path)
+    git(repo, "config", "http.extraheader", f"Authorization: Bearer {token}")
+    env = dict(os.environ)
+    publish = ("publish", "--resource", "widgets", "--checkout", str(repo))
+
+    refused = seedkeeper(*publish, env=env)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "http.extraheader" in refused.stdout
+    assert "--scrub-credentials" in refused.stdout
+    assert token not in refused.stdout + refused.stderr
+
+    scrubbed = seedkeeper(*publish, "--scrub-credentials", env=env)
+    assert scrubbed.returncode == 0, scrubbed.stdout + scrubbed.stderr
+    assert "scrubbed from the archive: http.extraheader" in scrubbed.stdout
+    assert "rotated" in scrubbed.stdout
+    assert token not in scrubbed.stdout + scrubbed.stderr
+    assert token in git(repo, "config", "http.extraheader")  # the checkout is left as it is

@@ -131,3 +131,83 @@ def test_publish_and_inspect_from_the_command_line(stack: Stack, tmp_path: Path)
     missing = seedkeeper("snapshots", "show", "widgets")
     assert missing.returncode == 1
     assert "ResourceNotFound" in missing.stdout
+
+
+TOKEN = "ghp_PublishTestSecret0123456789"  # noqa: S105 - a planted credential, not a real one
+
+
+def plant_credentials(repo: Path) -> None:
+    secret_url = f"https://resident:{TOKEN}@git.example.com/acme/widgets.git"
+    git(repo, "config", "remote.origin.url", secret_url)
+    git(repo, "config", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*")
+    git(repo, "config", "http.https://git.example.com/.extraheader", f"Authorization: {TOKEN}")
+    git(repo, "config", "credential.helper", "store")
+    (repo / ".git" / "FETCH_HEAD").write_text(f"{'0' * 40}\t\tbranch 'main' of {secret_url}\n")
+
+
+def test_a_checkout_holding_credentials_is_refused_naming_keys_never_values(
+    stack: Stack, tmp_path: Path
+) -> None:
+    repo = make_repository(tmp_path)
+    plant_credentials(repo)
+    with pytest.raises(PublishFailed, match="--scrub-credentials") as refused:
+        publish(resource="widgets", checkout=repo, snapshots=stack.snapshots, r2=stack.r2)
+    message = str(refused.value)
+    for key in ("remote.origin.url", "extraheader", "credential.helper", "FETCH_HEAD"):
+        assert key in message
+    assert TOKEN not in message
+    assert not SnapshotStore(stack.table).read("widgets").exists
+
+
+def test_scrubbing_archives_a_config_without_credentials_and_leaves_the_checkout_as_it_is(
+    stack: Stack, tmp_path: Path
+) -> None:
+    repo = make_repository(tmp_path)
+    plant_credentials(repo)
+    before = tree(repo)
+    removed: list[list[str]] = []
+
+    recorded = publish(
+        resource="widgets",
+        checkout=repo,
+        snapshots=stack.snapshots,
+        r2=stack.r2,
+        scrub_credentials=True,
+        scrubbed=removed.append,
+    )
+
+    assert removed == [
+        [
+            "remote.origin.url",
+            "http.https://git.example.com/.extraheader",
+            "credential.helper",
+            "FETCH_HEAD",
+        ]
+    ]
+    assert tree(repo) == before
+    archive = tmp_path / "checkout.sqsh"
+    fetch(stack.r2.presign_get(backup_key(recorded.current.checkout.backup_id), 60), archive)
+    restored = tmp_path / "restored"
+    subprocess.run(["unsquashfs", "-q", "-n", "-d", str(restored), str(archive)], check=True)
+    for path in restored.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert TOKEN.encode() not in path.read_bytes(), path
+    config = git(restored, "config", "--file", ".git/config", "--list").splitlines()
+    assert "remote.origin.url=https://git.example.com/acme/widgets.git" in config
+    assert "user.name=Resident" in config  # the rest of the config is kept
+    untouched = {".git/config", ".git/FETCH_HEAD"}
+    expected = {path: entry for path, entry in before.items() if path not in untouched}
+    restored_tree = tree(restored)
+    assert restored_tree.pop(".git/config")[:2] == before[".git/config"][:2]  # type and mode
+    assert restored_tree == expected
+    git(restored, "fsck", "--full", "--strict")
+
+
+def test_a_checkout_a_seed_would_refuse_is_refused_before_anything_is_uploaded(
+    stack: Stack, tmp_path: Path
+) -> None:
+    repo = make_repository(tmp_path)
+    git(repo, "config", "core.worktree", str(tmp_path))
+    with pytest.raises(PublishFailed, match=r"a seed would refuse this checkout: core\.worktree"):
+        publish(resource="widgets", checkout=repo, snapshots=stack.snapshots, r2=stack.r2)
+    assert not SnapshotStore(stack.table).read("widgets").exists
