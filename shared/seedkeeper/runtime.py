@@ -19,14 +19,17 @@ import time
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Literal, Protocol
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import AfterValidator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from seedkeeper.errors import RuntimeUnavailable
+from seedkeeper.observability import logger
 from seedkeeper.plan import PLAN_VARIABLE, SlotPlan
+from seedkeeper.sandbox import let_slot_user_reach
 
 if TYPE_CHECKING:
     from mypy_boto3_ecs import ECSClient
@@ -48,6 +51,41 @@ class SlotRuntime(Protocol):
     def stop(self, incarnation: str) -> None: ...
 
 
+NOBODY = 65534
+
+# What an ECS slot task is given (template.yaml's SlotTaskDefinition, the image's ENV, what
+# ECS sets), read from the local stack's environment: the store's keys stand in for the
+# task role. Never an R2 key, a session token or any other SEEDKEEPER_* setting.
+LOCAL_TASK_ENVIRONMENT = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TERM",
+    "TZ",
+    "PYTHONUNBUFFERED",
+    "PYTHONPATH",  # reaches the supervisor (tests load a sitecustomize), never the sandbox
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "SEEDKEEPER_TABLE",
+    "SEEDKEEPER_DYNAMODB_ENDPOINT",
+    "SEEDKEEPER_RESTORE_TIMEOUT",
+    "SEEDKEEPER_DOWNLOAD_PARTS",
+    "SEEDKEEPER_DOWNLOAD_STALL_TIMEOUT",
+    "SEEDKEEPER_DOWNLOAD_RETRIES",
+    "SEEDKEEPER_SANDBOX_COMMAND",
+)
+
+
+def _not_a_credential(names: tuple[str, ...]) -> tuple[str, ...]:
+    refused = [name for name in names if name.startswith(("AWS_", "SEEDKEEPER_"))]
+    if refused:
+        raise ValueError(f"may not pass {refused} to slot tasks")
+    return names
+
+
 class RuntimeSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SEEDKEEPER_", extra="ignore", frozen=True)
 
@@ -61,11 +99,22 @@ class RuntimeSettings(BaseSettings):
     assign_public_ip: bool = False
     # local
     data_dir: Path = Path(".seedkeeper")
+    # Who a root local runtime's sandboxes run as (the ECS image's is uid 1000); an
+    # unprivileged one cannot drop, so its tasks run them as itself and say so.
+    local_slot_uid: int = NOBODY
+    local_slot_gid: int = NOBODY
+    # More variables for local tasks, by name (JSON list): test hooks, a debugger's.
+    local_task_passthrough: Annotated[tuple[str, ...], AfterValidator(_not_a_credential)] = ()
 
 
 def runtime_from(settings: RuntimeSettings) -> SlotRuntime:
     if settings.runtime == "local":
-        return LocalRuntime(settings.data_dir)
+        return LocalRuntime(
+            settings.data_dir,
+            slot_uid=settings.local_slot_uid,
+            slot_gid=settings.local_slot_gid,
+            passthrough=settings.local_task_passthrough,
+        )
     if not (settings.cluster and settings.task_definition and settings.subnets):
         raise RuntimeUnavailable("ecs runtime needs cluster, task_definition and subnets")
     return EcsRuntime(boto3.client("ecs"), settings)
@@ -153,11 +202,26 @@ class _Process:
 class LocalRuntime:
     """Slot tasks as local processes, each in its own process group, with a workspace per
     slot under `data_dir`. What it launched is recorded on disk, so status and stop work
-    from another process or after a restart of the caller."""
+    from another process or after a restart of the caller.
 
-    def __init__(self, data_dir: Path, command: tuple[str, ...] = ()) -> None:
+    A task gets what an ECS task gets (LOCAL_TASK_ENVIRONMENT) and, when this process is
+    root, the slot user to drop to. Every local slot shares that one user, so a sandbox can
+    reach another slot's checkout by path: only a uid per slot would keep them apart. What
+    it cannot do is list the slots, or read a task's log or record."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        command: tuple[str, ...] = (),
+        *,
+        slot_uid: int = NOBODY,
+        slot_gid: int = NOBODY,
+        passthrough: tuple[str, ...] = (),
+    ) -> None:
         self._root = data_dir.resolve() / "slots"
         self._command = command or (sys.executable, "-m", "seedkeeper.task")
+        self._slot_user = (slot_uid, slot_gid)
+        self._passthrough = _not_a_credential(passthrough)
 
     def workspace(self, slot: str) -> Path:
         return self._root / slot / "workspace"
@@ -169,23 +233,38 @@ class LocalRuntime:
             return incarnation
         workspace = self.workspace(plan.slot)
         workspace.mkdir(parents=True, exist_ok=True)
-        log = (record.parent / f"attempt-{plan.attempt}.log").open("ab")
-        environment = os.environ | {
-            PLAN_VARIABLE: plan.to_env(),
-            "SEEDKEEPER_WORKSPACE": str(workspace),
-            "SEEDKEEPER_INCARNATION": incarnation,
-        }
+        # Searchable, not listable: a slot user reaches its own workspace by name.
+        for folder in (self._root, workspace.parent):
+            folder.chmod(0o711)
+        if os.geteuid() == 0:
+            for folder in let_slot_user_reach(workspace):
+                logger.warning("folder made searchable for the slot user", folder=str(folder))
+        log_path = record.parent / f"attempt-{plan.attempt}.log"
+        log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         process = subprocess.Popen(
             self._command,
-            env=environment,
+            env=self._environment(plan, incarnation, workspace),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: stop() ends all it started
         )
-        log.close()
+        os.close(log)
         record.write_text(json.dumps({"pid": process.pid, "started": _start_time(process.pid)}))
         return incarnation
+
+    def _environment(self, plan: SlotPlan, incarnation: str, workspace: Path) -> dict[str, str]:
+        names = (*LOCAL_TASK_ENVIRONMENT, *self._passthrough)
+        environment = {name: os.environ[name] for name in names if name in os.environ}
+        environment |= {
+            PLAN_VARIABLE: plan.to_env(),
+            "SEEDKEEPER_WORKSPACE": str(workspace),
+            "SEEDKEEPER_INCARNATION": incarnation,
+        }
+        if os.geteuid() == 0:
+            uid, gid = self._slot_user
+            environment |= {"SEEDKEEPER_SLOT_UID": str(uid), "SEEDKEEPER_SLOT_GID": str(gid)}
+        return environment
 
     def status(self, incarnation: str) -> TaskStatus:
         process = self._process(incarnation)

@@ -36,17 +36,18 @@ from seedkeeper.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.record import FailureReason, SeedFailed, SeedSucceeded, State, Supported
 from seedkeeper.restore.download import DownloadFailed, download
 from seedkeeper.restore.extract import ExtractFailed, UnsafeArchive, extract, sweep_staging
+from seedkeeper.restore.repository import SafeGit, UnsafeRepository, empty_home, make_safe
+from seedkeeper.sandbox import end, fresh_home, make_undumpable, start
+from seedkeeper.slot_user import SlotUser, slot_user
 from seedkeeper.snapshot_store import SnapshotStore
 from seedkeeper.snapshots import Archive
 from seedkeeper.transitions import Acknowledged
 
 CHECKOUT = "checkout"
+HOME = "home"  # the sandbox's HOME, the slot user's, emptied before each run
 STATE_DIR = ".seedkeeper"
 MARKER = "seed.json"
 _SETTLE_ROUNDS = 8
-# The fix-up runs git in the archive's own `.git`: what it configures to run on a checkout
-# (hooks, an fsmonitor command) must not run in the slot task.
-_NO_ARCHIVE_COMMANDS = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
 
 Verdict = Literal["seeded", "failed", "superseded"]
 
@@ -60,9 +61,14 @@ class TaskSettings(BaseSettings):
     download_parts: Annotated[int, Field(ge=1, le=32)] = 4
     download_stall_timeout: Annotated[float, Field(gt=0)] = 15.0  # seconds without a byte
     download_retries: Annotated[int, Field(ge=0, le=20)] = 5  # per range, in a row, no progress
-    slot_uid: int | None = None  # who owns the restored tree; None keeps the task's own
+    # The slot user: runs unsquashfs, git and the sandbox, owns the restored tree. None, or
+    # a task that is not root: the task's own user does (a developer's local stack).
+    slot_uid: int | None = None
     slot_gid: int | None = None
     sandbox_command: tuple[str, ...] = ()  # argv (JSON list); empty: wait until stopped
+
+    def slot_user(self) -> SlotUser | None:
+        return slot_user(self.slot_uid, self.slot_gid)
 
 
 class Marker(Model):
@@ -219,45 +225,52 @@ class SlotTask:
 
     def _extract(self, archive: Path, target: Path) -> None:
         try:
-            extract(archive, target)
-        except (UnsafeArchive, ExtractFailed, FileExistsError) as failed:
+            extract(archive, target, owner=self.settings.slot_user())
+        except UnsafeArchive as unsafe:
+            raise StepFailed("extract", "unsafe-archive", str(unsafe)) from unsafe
+        except (ExtractFailed, FileExistsError) as failed:
             raise StepFailed("extract", "seed-failed", str(failed)) from failed
 
     def _fix_up(self, seed: SeedIdentity) -> str:
+        """The archive's `.git` is data: check it and replace its config before git runs
+        at all, then git runs hardened, as the slot user, on that repository only."""
         plan = self.plan
-        if self.settings.slot_uid is not None:
-            _chown_tree(self.checkout, self.settings.slot_uid, self.settings.slot_gid)
-        if plan.origin is not None:
-            remotes = self._git("remote").split()
-            verb = "set-url" if "origin" in remotes else "add"
-            self._git("remote", verb, "origin", plan.origin)
-        target = seed.sha
-        if seed.fetch_ref is not None:
-            self._git("fetch", "--quiet", "--no-tags", "origin", "--", seed.fetch_ref)
-            target = seed.fetch_sha or self._git("rev-parse", "--verify", "FETCH_HEAD^{commit}")
-        # No --force: it would rewrite every file whose cached stat data is stale (all of
-        # them, freshly extracted), and it would silently discard a conflicting change.
-        self._git("checkout", "--quiet", "-B", seed.ref, target, "--")
-        head = self._git("rev-parse", "--verify", "HEAD^{commit}")
+        with empty_home() as home:
+            git = SafeGit(
+                self.checkout,
+                ceiling=self.workspace,
+                home=home,
+                user=self.settings.slot_user(),
+                timeout=max(1.0, self.settings.restore_timeout),
+            )
+            try:
+                dropped = make_safe(git, origin=plan.origin, branch=seed.ref, owner=git.user)
+            except UnsafeRepository as unsafe:
+                raise StepFailed("fixup", "unsafe-archive", str(unsafe)) from unsafe
+            if dropped:
+                logger.warning("archive credentials dropped", keys=dropped)
+            target = seed.sha
+            if seed.fetch_ref is not None:
+                self._git(git, "fetch", "--quiet", "--no-tags", "origin", "--", seed.fetch_ref)
+                target = seed.fetch_sha or self._git(
+                    git, "rev-parse", "--verify", "FETCH_HEAD^{commit}"
+                )
+            # No --force: it would rewrite every file whose cached stat data is stale (all
+            # of them, freshly extracted), and it would silently discard a conflicting change.
+            self._git(git, "checkout", "--quiet", "-B", seed.ref, target, "--")
+            head = self._git(git, "rev-parse", "--verify", "HEAD^{commit}")
         if plan.owner is not None and head != plan.owner.head:
             raise StepFailed("fixup", "seed-failed", "HEAD is not the claim's head")
         return head
 
-    def _git(self, *args: str) -> str:
+    def _git(self, git: SafeGit, *args: str) -> str:
         try:
-            done = subprocess.run(
-                ["git", *_NO_ARCHIVE_COMMANDS, "-C", str(self.checkout), *args],
-                check=True,
-                capture_output=True,
-                text=True,
-                timeout=max(1.0, self.settings.restore_timeout),
-            )
+            return git(*args)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as failed:
             stderr = failed.stderr if isinstance(failed.stderr, str) else ""
             raise StepFailed(
                 "fixup", "seed-failed", f"git {args[0]}: {stderr.strip()[-300:]}"
             ) from failed
-        return done.stdout.strip()
 
     def _write_marker(self, seed: SeedIdentity, head: str) -> None:
         marker = Marker(
@@ -321,27 +334,30 @@ class SlotTask:
         if not command:
             self.stop.wait()  # stays alive until stopped
             return 0
-        process = subprocess.Popen(command, cwd=self.checkout if self.checkout.exists() else None)
+        user = self.settings.slot_user()
+        if user is None:
+            logger.warning("sandbox not dropped to a slot user", euid=os.geteuid())
+        home = fresh_home(self.workspace / HOME, user)
+        cwd = self.checkout if self.checkout.exists() else home
+        try:
+            process = start(command, cwd=cwd, home=home, user=user)
+        except OSError as unstartable:
+            logger.warning("sandbox not started", why=type(unstartable).__name__)
+            return 127  # as a shell answers a command it cannot run
         while process.poll() is None:
             if self.stop.wait(0.2):
-                process.terminate()
-                return process.wait()
+                return end(process)
         return process.returncode
 
 
-def _chown_tree(root: Path, uid: int, gid: int | None) -> None:
-    group = -1 if gid is None else gid
-    os.lchown(root, uid, group)
-    for folder, directories, files in os.walk(root):
-        for name in directories + files:
-            os.lchown(os.path.join(folder, name), uid, group)
-
-
 def main() -> int:
+    # First: the environment this process started with (plan, credentials) stays in its
+    # memory, and the sandbox must not read it through /proc.
+    make_undumpable()
     stop = threading.Event()
     for stopping in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stopping, lambda *_: stop.set())
-    plan = SlotPlan.from_env(os.environ[PLAN_VARIABLE])
+    plan = SlotPlan.from_env(os.environ.pop(PLAN_VARIABLE))
     settings = TaskSettings()
     table = StoreSettings().table_resource()
     task = SlotTask(plan, settings, Lifecycle(table), SnapshotStore(table), stop)

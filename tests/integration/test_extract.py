@@ -25,6 +25,8 @@ from seedkeeper.restore.extract import (
     sweep_staging,
     symlink_escapes,
 )
+from seedkeeper.sandbox import let_slot_user_reach
+from seedkeeper.slot_user import SlotUser
 
 STAGING_NAME = re.compile(r"\.checkout\.staging-[0-9a-f]{16}")
 ZSTD_FRAME = bytes.fromhex("28b52ffd")
@@ -644,3 +646,58 @@ def test_symlink_escapes_through_other_symlinks(
 ) -> None:
     tree = {PurePosixPath(name): target for name, target in links.items()}
     assert symlink_escapes(PurePosixPath(link), links[link], tree) is escapes
+
+
+# ---------------------------------------------------------------- owners and privilege
+
+root_only = pytest.mark.skipif(
+    os.geteuid() != 0, reason="archive owners are only restored, and dropped to, by root"
+)
+
+
+def foreign_privileged_archive(tmp_path: Path) -> Path:
+    """An archive whose entries belong to uid 1234/gid 4321, with a setuid+setgid file and
+    a setgid directory."""
+    source = tmp_path / "source"
+    (source / "bin").mkdir(parents=True)
+    (source / "bin" / "tool").write_text("#!/bin/sh\n")
+    (source / "bin" / "tool").chmod(0o755)
+    (source / "link").symlink_to("bin/tool")
+    foreign = ("-force-uid", "1234", "-force-gid", "4321")
+    privileged = ("-p", "bin/tool m 6755 1234 4321", "-p", "bin m 2775 1234 4321")
+    return squash(source, tmp_path / "foreign.sqsh", *foreign, *privileged)
+
+
+def owners_and_privileged(root: Path) -> tuple[set[tuple[int, int]], list[str]]:
+    entries = [root, *root.rglob("*")]
+    owners = {(path.lstat().st_uid, path.lstat().st_gid) for path in entries}
+    privileged = [
+        str(path.relative_to(root))
+        for path in entries
+        if not path.is_symlink() and path.lstat().st_mode & (stat.S_ISUID | stat.S_ISGID)
+    ]
+    return owners, privileged
+
+
+@root_only
+def test_a_root_extraction_keeps_neither_the_archives_owners_nor_setuid_bits(
+    tmp_path: Path, place: Path
+) -> None:
+    archive = foreign_privileged_archive(tmp_path)
+
+    extract(archive, place / "checkout")
+
+    assert owners_and_privileged(place / "checkout") == ({(0, 0)}, [])
+    assert (place / "checkout" / "bin" / "tool").stat().st_mode & 0o111 == 0o111
+
+
+@root_only
+def test_the_slot_user_extracts_and_owns_the_tree(tmp_path: Path, place: Path) -> None:
+    archive = foreign_privileged_archive(tmp_path)
+    let_slot_user_reach(place)
+
+    extract(archive, place / "checkout", owner=SlotUser(uid=65534, gid=65534))
+
+    assert owners_and_privileged(place / "checkout") == ({(65534, 65534)}, [])
+    assert place.stat().st_uid == 0  # the parent stays the supervisor's
+    assert (place / "checkout" / "bin" / "tool").read_text() == "#!/bin/sh\n"

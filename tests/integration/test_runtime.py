@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -17,7 +18,14 @@ from pydantic import SecretStr
 
 from seedkeeper.opwindow import Actor, OpRef
 from seedkeeper.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.runtime import EcsRuntime, LocalRuntime, RuntimeSettings, TaskStatus, started_by
+from seedkeeper.runtime import (
+    LOCAL_TASK_ENVIRONMENT,
+    EcsRuntime,
+    LocalRuntime,
+    RuntimeSettings,
+    TaskStatus,
+    started_by,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_ecs import ECSClient
@@ -112,6 +120,59 @@ def test_an_incarnation_nobody_launched_is_unknown(local: LocalRuntime) -> None:
     assert local.status("local:slot-9:1") is TaskStatus.UNKNOWN
     assert local.status("arn:aws:ecs:us-east-1:123456789012:task/c/abc") is TaskStatus.UNKNOWN
     local.stop("local:slot-9:1")  # nothing to stop: no error
+
+
+def task_environment(incarnation: str, local: LocalRuntime) -> dict[str, str]:
+    wait_for(local.workspace(incarnation.split(":")[1]) / "seen.txt")
+    _, slot, attempt = incarnation.split(":")
+    launched = local.workspace(slot).parent / f"attempt-{attempt}.json"
+    pid = json.loads(launched.read_text())["pid"]
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(entry.decode().split("=", 1) for entry in entries if entry)
+
+
+def test_a_local_task_gets_what_an_ecs_task_gets_and_no_r2_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hostile = {
+        "SEEDKEEPER_R2_ACCESS_KEY_ID": "r2-key",
+        "SEEDKEEPER_R2_SECRET_ACCESS_KEY": "r2-secret",
+        "SEEDKEEPER_R2_ENDPOINT": "http://127.0.0.1:1",
+        "AWS_SESSION_TOKEN": "session-token",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI": "http://169.254.170.23/v1/credentials",
+        "SEEDKEEPER_GATEWAY_SECRET": "anything-else",
+        "UNRELATED": "x",
+        "TASK_HOOK": "a test's hook, passed by name",
+    }
+    for name, value in hostile.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SEEDKEEPER_TABLE", "the-table")
+    command = (sys.executable, "-c", FAKE_TASK)
+    local = LocalRuntime(tmp_path / "data", command=command, passthrough=("TASK_HOOK",))
+
+    incarnation = local.launch(plan())
+
+    given = task_environment(incarnation, local)
+    local.stop(incarnation)
+    assert given["SEEDKEEPER_TABLE"] == "the-table"
+    assert given["TASK_HOOK"] == hostile["TASK_HOOK"]
+    assert not set(given) & (set(hostile) - {"TASK_HOOK"}), given
+    added = {PLAN_VARIABLE, "SEEDKEEPER_WORKSPACE", "SEEDKEEPER_INCARNATION", "TASK_HOOK"}
+    if os.geteuid() == 0:
+        added |= {"SEEDKEEPER_SLOT_UID", "SEEDKEEPER_SLOT_GID"}
+        assert (given["SEEDKEEPER_SLOT_UID"], given["SEEDKEEPER_SLOT_GID"]) == ("65534", "65534")
+    assert set(given) <= set(LOCAL_TASK_ENVIRONMENT) | added
+    # Another slot's user can list neither the slots nor a slot's folder, nor read its log.
+    slot_folder = local.workspace("slot-1").parent
+    for folder in (slot_folder.parent, slot_folder):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o711
+    assert stat.S_IMODE((slot_folder / "attempt-1.log").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("name", ["AWS_SESSION_TOKEN", "SEEDKEEPER_R2_SECRET_ACCESS_KEY"])
+def test_no_credential_can_be_passed_to_local_tasks_by_name(name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        RuntimeSettings(local_task_passthrough=(name,))
 
 
 def test_the_plan_travels_with_its_urls_but_never_prints_them() -> None:

@@ -60,6 +60,8 @@ def task_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder.mkdir()
     (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
     monkeypatch.setenv("PYTHONPATH", str(folder), prepend=os.pathsep)
+    # The local runtime hands a task only what an ECS task gets: the hook's variables too.
+    monkeypatch.setenv("SEEDKEEPER_LOCAL_TASK_PASSTHROUGH", '["TASK_BLOCK_AT", "TASK_REACHED"]')
     return folder
 
 

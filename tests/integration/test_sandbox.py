@@ -1,0 +1,222 @@
+"""The sandbox is hostile (DESIGN §9): a real seeded slot task, launched by the local runtime,
+runs a sandbox command that hunts for what it must not have: the plan and its presigned
+URLs, AWS, R2 and credentials-endpoint variables, the supervisor's /proc entries, another
+slot's record. And restored files never keep an archive's owners or setuid/setgid bits."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+import seedkeeper
+from repos import git
+from seedkeeper.record import slot_key
+from seedkeeper.task import CHECKOUT, MARKER, STATE_DIR
+from slots import Slots, record_archive, wait_for
+
+NOBODY = 65534  # the slot user a root local runtime hands its tasks
+# The probe runs as the slot user, who may not reach this virtualenv's interpreter (under
+# root's home); it borrows boto3 from the virtualenv's site-packages.
+SYSTEM_PYTHON = "/usr/bin/python3"
+SITE_PACKAGES = str(Path(boto3.__file__).parent.parent)
+
+pytestmark = [
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="dropping to the slot user needs root (CI runs as root)"
+    ),
+    pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists(), reason="the probe needs a system python"),
+]
+
+# What ECS puts in a task's environment, which the sandbox must never see. A sitecustomize
+# on the task's PYTHONPATH plants them in the supervisor, as the container would have them.
+PLANTED = {
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "/v2/credentials/planted-relative",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI": "http://169.254.170.23/v1/credentials-planted",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN": "planted-authorization-token",
+    "AWS_SESSION_TOKEN": "planted-session-token",
+}
+SITECUSTOMIZE = f"""
+import os
+os.environ.update({PLANTED!r})
+"""
+
+# The sandbox command: everything it could find, written to probe.json in its checkout.
+PROBE = """
+import json, os, sys
+found = {
+    "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(),
+    "session_leader": os.getsid(0) == os.getpid(), "cwd": os.getcwd(),
+    "environment": dict(os.environ),
+}
+def attempt(name, action):
+    try:
+        found[name] = action()
+    except Exception as error:
+        found[name] = type(error).__name__
+attempt("supervisor_environ", lambda: open(f"/proc/{os.getppid()}/environ").read())
+attempt("supervisor_mem", lambda: open(f"/proc/{os.getppid()}/mem", "rb").read(1))
+workspace = os.path.dirname(os.getcwd())
+attempt("planted_in_workspace", lambda: open(os.path.join(workspace, "canary"), "x").close())
+marker = os.path.join(workspace, ".seedkeeper", "seed.json")
+attempt("marker_rewritten", lambda: open(marker, "w").close())
+def hijack():
+    # Another slot's record, with whatever this environment names.
+    table_name = os.environ["SEEDKEEPER_TABLE"]
+    sys.path.append(sys.argv[2])
+    import boto3
+    table = boto3.resource(
+        "dynamodb", endpoint_url=os.environ.get("SEEDKEEPER_DYNAMODB_ENDPOINT")
+    ).Table(table_name)
+    table.update_item(
+        Key=json.loads(sys.argv[1]),
+        UpdateExpression="SET #s = :s",
+        ExpressionAttributeNames={"#s": "state"},
+        ExpressionAttributeValues={":s": "hijacked"},
+    )
+    return "written"
+attempt("other_record", hijack)
+with open("probe.json.tmp", "w") as out:
+    json.dump(found, out)
+os.rename("probe.json.tmp", "probe.json")
+"""
+
+
+@pytest.fixture
+def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "hooks"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    monkeypatch.setenv("PYTHONPATH", str(folder), prepend=os.pathsep)
+
+
+def probe(slots: Slots, slot: str) -> dict[str, Any]:
+    result = slots.workspace(slot) / CHECKOUT / "probe.json"
+    wait_for(result.exists, f"the sandbox's probe: {slots.log(slot)}")
+    found: dict[str, Any] = json.loads(result.read_text())
+    return found
+
+
+def test_the_sandbox_finds_no_secret_and_reaches_nothing_it_does_not_own(
+    slots: Slots, repo: Path, planted: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert slots.seed(slots.body(None, slot="other"))[0] == 200
+    other = slots.record("other")
+    command = [SYSTEM_PYTHON, "-c", PROBE, json.dumps(slot_key("other")), SITE_PACKAGES]
+    monkeypatch.setenv("SEEDKEEPER_SANDBOX_COMMAND", json.dumps(command))
+    body = slots.body(slots.publish(repo))
+    status, answer = slots.settle(body)
+    assert (status, answer["seeded"]) == (200, True), (answer, slots.log("slot-1"))
+    marker = (slots.workspace() / STATE_DIR / MARKER).read_text()
+
+    found = probe(slots, "slot-1")
+
+    workspace = slots.workspace()
+    assert (found["uid"], found["euid"], found["gid"]) == (NOBODY, NOBODY, NOBODY)
+    assert found["groups"] == []
+    assert found["session_leader"] is True
+    assert found["cwd"] == str(workspace / CHECKOUT)
+    environment = found["environment"]
+    assert set(environment) <= {"PATH", "HOME", "LANG", "LC_ALL", "TERM", "TZ"}, environment
+    home = Path(environment["HOME"])
+    assert home.is_dir()
+    assert home.stat().st_uid == NOBODY
+    text = json.dumps(environment)
+    secrets = [*PLANTED.values(), "X-Amz-Signature", slots.stack.endpoint, "testing"]
+    assert not [secret for secret in secrets if secret in text]
+    assert found["supervisor_environ"] == "PermissionError"
+    assert found["supervisor_mem"] == "PermissionError"
+    assert found["planted_in_workspace"] == "PermissionError"
+    assert found["marker_rewritten"] == "PermissionError"
+    assert found["other_record"] == "KeyError"  # no table, no endpoint, no credentials
+    assert not (workspace / "canary").exists()
+    assert (workspace / STATE_DIR / MARKER).read_text() == marker
+    assert slots.record("other") == other
+    assert "X-Amz-Signature" not in slots.log("slot-1")
+
+
+def test_restored_files_belong_to_the_slot_user_without_setuid_or_setgid(
+    slots: Slots, repo: Path, tmp_path: Path
+) -> None:
+    git(repo, "add", "-A")
+    git(repo, "commit", "--quiet", "-m", "everything")
+    sha = git(repo, "rev-parse", "HEAD")
+    archive = tmp_path / "foreign.sqsh"
+    squash = ["mksquashfs", str(repo), str(archive), "-noappend", "-quiet", "-no-progress"]
+    foreign = ["-force-uid", "1234", "-force-gid", "4321"]
+    privileged = ["-p", "src/tool.sh m 6755 1234 4321", "-p", "src m 2775 1234 4321"]
+    subprocess.run([*squash, *foreign, *privileged], check=True)
+    listing = subprocess.run(
+        ["unsquashfs", "-lln", str(archive)], check=True, capture_output=True, text=True
+    ).stdout
+    assert "-rwsr-sr-x 1234/4321" in listing  # the archive really carries them
+    image = archive.read_bytes()
+    seed = record_archive(
+        slots,
+        "widgets-foreign",
+        image,
+        size=len(image),
+        sha256=hashlib.sha256(image).hexdigest(),
+        sha=sha,
+    )
+    status, answer = slots.settle(slots.body(seed))
+    assert (status, answer["seeded"]) == (200, True), (answer, slots.log("slot-1"))
+
+    checkout = slots.workspace() / CHECKOUT
+    entries = [checkout, *checkout.rglob("*")]
+    assert {(path.lstat().st_uid, path.lstat().st_gid) for path in entries} == {(NOBODY, NOBODY)}
+    assert not [p for p in entries if p.lstat().st_mode & (stat.S_ISUID | stat.S_ISGID)]
+    assert (checkout / "src" / "tool.sh").stat().st_mode & 0o111
+
+
+# A process of the slot user that keeps a secret in its environment, made undumpable or
+# not; its pid on stdout, then it waits.
+HOLDER = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from seedkeeper.sandbox import make_undumpable
+if sys.argv[2] == "undumpable":
+    make_undumpable()
+print(os.getpid(), flush=True)
+time.sleep(60)
+"""
+READER = "import sys; print(open(f'/proc/{sys.argv[1]}/environ').read())"
+
+
+@pytest.mark.parametrize(("mode", "readable"), [("undumpable", False), ("dumpable", True)])
+def test_an_undumpable_process_hides_its_environment_even_from_its_own_user(
+    mode: str, readable: bool
+) -> None:
+    """The supervisor's guard when it cannot drop privileges (an unprivileged local stack):
+    the sandbox then runs as the same user, and only undumpability keeps it out."""
+    shared = str(Path(seedkeeper.__file__).parent.parent)
+    as_nobody: dict[str, Any] = {"user": NOBODY, "group": NOBODY, "extra_groups": []}
+    holder = subprocess.Popen(
+        [SYSTEM_PYTHON, "-c", HOLDER, shared, mode],
+        env={"HELD_SECRET": "planted-secret"},
+        stdout=subprocess.PIPE,
+        text=True,
+        **as_nobody,
+    )
+    try:
+        assert holder.stdout is not None
+        pid = holder.stdout.readline().strip()
+        read = subprocess.run(
+            [SYSTEM_PYTHON, "-c", READER, pid],
+            check=False,
+            capture_output=True,
+            text=True,
+            **as_nobody,
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert ("planted-secret" in read.stdout) is readable
+    assert ("PermissionError" in read.stderr) is not readable
