@@ -24,6 +24,8 @@ app = function_url_app()
     ),
 )
 def record(snapshot: NewSnapshot) -> Response[str]:
+    """201 rotated, 200 the current snapshot again; 409 `backup-id-owned` when an id was
+    first recorded by another resource (nothing is written), or another reason token."""
     recorded = snapshots_from_env().record(snapshot)
     return json_response(HTTPStatus.CREATED if recorded.rotated else HTTPStatus.OK, recorded)
 

@@ -1,5 +1,9 @@
 """Recording, inspecting and deleting a resource's snapshots: the records in DynamoDB,
-the archives in R2, and the ledger that keeps every owed deletion true until it is paid."""
+the archives in R2, and the ledger that keeps every owed deletion true until it is paid.
+
+A backup id belongs to the resource that first recorded it: another resource naming it is
+refused (`backup-id-owned`), and no rotation or DELETE deletes an object its resource does
+not own."""
 
 from __future__ import annotations
 
@@ -29,6 +33,9 @@ class Payment(Model):
 
     deleted: tuple[str, ...] = ()
     pending: tuple[str, ...] = ()
+    # Owed by an entry written before ownership was recorded, but not this resource's object:
+    # the entry is cleared and the object left alone (R2's lifecycle rule is its backstop).
+    spared: tuple[str, ...] = ()
 
 
 class Recorded(Model):
@@ -74,7 +81,7 @@ class Snapshots:
                 rotated=False,
                 current=plan.current,
                 retired=resident.retired,
-                payment=self._pay(new.resource, resident.pending_ids),
+                payment=self._pay(resident, resident.pending_ids),
             )
         committed = self._store.commit_rotation(plan)
         if isinstance(committed, Lost):
@@ -87,7 +94,7 @@ class Snapshots:
             rotated=True,
             current=plan.current,
             retired=plan.retired,
-            payment=self._pay(new.resource, owed),
+            payment=self._pay(resident, owed),
         )
 
     def status(self, resource: str) -> SnapshotStatus:
@@ -110,7 +117,7 @@ class Snapshots:
         teardown = plan_teardown(resident, now=self._clock())
         if isinstance(self._store.commit_teardown(teardown), Lost):
             raise RotationConflict(resource)
-        return self._pay(resource, resident.pending_ids | resident.recorded_ids)
+        return self._pay(resident, resident.pending_ids | resident.recorded_ids)
 
     def deps_archive(self, resource: str, lockfile_hash: str) -> Archive | None:
         """The dependency archive already recorded for this lockfile, to reuse."""
@@ -119,7 +126,8 @@ class Snapshots:
 
     def pay_debts(self, resource: str) -> Payment:
         """Retry the deletions a resource still owes (the idle sweep calls this)."""
-        return self._pay(resource, self._store.read(resource).pending_ids)
+        resident = self._store.read(resource)
+        return self._pay(resident, resident.pending_ids)
 
     def _resident(self, resource: str) -> Resident:
         resident = self._store.read(resource)
@@ -127,16 +135,21 @@ class Snapshots:
             raise ResourceNotFound(resource)
         return resident
 
-    def _pay(self, resource: str, backup_ids: Iterable[str]) -> Payment:
+    def _pay(self, resident: Resident, backup_ids: Iterable[str]) -> Payment:
+        """Delete the owed objects `resident` owns (its own read of its claims, so no extra
+        call); clear the entries of those deleted and of those it does not own."""
         owed = sorted(backup_ids)
         if not owed or self._r2 is None:
             return Payment(pending=tuple(owed))
-        keys = {backup_key(backup_id): backup_id for backup_id in owed}
-        report = self._r2.delete(list(keys))
+        spared = [backup_id for backup_id in owed if backup_id not in resident.owned]
+        keys = {backup_key(i): i for i in owed if i in resident.owned}
+        report = self._r2.delete(list(keys))  # nothing to delete sends nothing
         deleted = sorted(keys[key] for key in report.deleted)
-        self._store.clear_debts(resource, deleted)
+        self._store.clear_debts(resident.resource, deleted + spared)
         return Payment(
-            deleted=tuple(deleted), pending=tuple(sorted(keys[k] for k in report.failed))
+            deleted=tuple(deleted),
+            pending=tuple(sorted(keys[k] for k in report.failed)),
+            spared=tuple(spared),
         )
 
     def _count_present(self, backup_ids: Iterable[str]) -> int | None:

@@ -5,6 +5,10 @@ retired (so a seed handle read from status still resolves after one more rotatio
 moves the objects of the generation retired before it to the pending-deletion ledger —
 except any object a remaining generation still names. The store writes a plan in one
 transaction; objects are deleted only once they are in the ledger and no record names them.
+
+A backup id belongs to the resource that first recorded it: the store claims every id of a
+new generation in the rotation's own transaction, and mirrors the claim in the resource's
+own partition (`Resident.owned`) so that paying the ledger needs no read of its own.
 """
 
 from __future__ import annotations
@@ -91,6 +95,9 @@ class Resident:
     retired: Snapshot | None = None
     deps: tuple[DepsEntry, ...] = ()
     pending: tuple[PendingDeletion, ...] = ()
+    # The ids this resource's claim names, kept until their objects are deleted: only these
+    # may ever be deleted on its behalf.
+    owned: frozenset[str] = frozenset()
 
     @property
     def exists(self) -> bool:
@@ -122,13 +129,15 @@ class Resident:
 
     def archives_for(self, seed: SeedIdentity) -> tuple[Archive, Archive | None] | None:
         """The recorded archives a seed names: the checkout of a generation at the seed's
-        sha, and deps of either generation. None when no record names them."""
+        sha and under its ref (compared exactly: a look-alike names nothing), and deps of
+        either generation. None when no record names them."""
         generations = [g for g in (self.current, self.retired) if g is not None]
         checkout = next(
             (
                 g.checkout
                 for g in generations
-                if g.checkout.backup_id == seed.checkout_backup_id and g.sha == seed.sha
+                if (g.checkout.backup_id, g.sha, g.ref)
+                == (seed.checkout_backup_id, seed.sha, seed.ref)
             ),
             None,
         )

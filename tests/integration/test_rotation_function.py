@@ -145,3 +145,19 @@ def test_a_misconfigured_table_is_a_500_that_discloses_nothing(
     status, answer = invoke(rotation, event("rotation-get"))
     assert status == 500
     assert answer["error"] == "internal-error"
+
+
+def test_a_backup_id_another_resource_recorded_is_a_409_that_writes_nothing(stack: Stack) -> None:
+    snapshot = posted()
+    put_archives(stack, snapshot)
+    assert invoke(rotation, event("rotation-post"))[0] == 201
+    other = dict(snapshot, resource="other-widgets")  # the same objects, sizes and sha256
+    status, answer = invoke(rotation, event("rotation-post", body=other))
+    named = ", ".join(sorted(other[part]["backup_id"] for part in ("checkout", "deps")))
+    refusal = {"error": "backup-id-owned", "detail": named, "fields": []}
+    assert (status, answer) == (409, refusal)  # the caller's own ids; not the owner
+    request = event("rotation-get", rawPath="/snapshots/other-widgets")
+    request["requestContext"]["http"]["path"] = request["rawPath"]
+    assert invoke(rotation, request)[0] == 404
+    status, body = invoke(rotation, event("rotation-get"))
+    assert (status, body["objects"]) == (200, {"recorded": 2, "present": 2})

@@ -27,7 +27,7 @@ from seedkeeper.record import SeedFailed, State, Supported
 from seedkeeper.runtime import RuntimeSettings, TaskStatus
 from seedkeeper.seeding import SeedSettings
 from seedkeeper.snapshot_store import SnapshotStore
-from seedkeeper.snapshots import NewSnapshot
+from seedkeeper.snapshots import Archive, NewSnapshot
 from seedkeeper.task import CHECKOUT, MARKER, STATE_DIR, SlotTask, TaskSettings
 from slots import (
     ORIGIN,
@@ -244,7 +244,7 @@ def test_an_archive_with_an_escaping_symlink_is_refused_and_writes_nothing_outsi
     body = slots.body(seed, slot="evil")
     slots.seed(body)
     _, answer = slots.settle(body)
-    assert verdict(answer) == (False, "seed-failed", "extract")
+    assert verdict(answer) == (False, "unsafe-archive", "extract")
     assert_no_half_tree(slots, "evil")
     assert not (slots.workspace("evil").parents[2] / "outside-the-slot").exists()
 
@@ -411,6 +411,80 @@ def test_a_seed_rotated_out_after_its_birth_settles_seed_missing_in_the_task(
     )
     assert task.restore() == "failed"
     classified = lifecycle.read("gone")
+    assert isinstance(classified, Supported)
+    result = classified.record.result
+    assert isinstance(result, SeedFailed)
+    assert (result.reason, result.step) == ("seed-missing", "download")
+    assert not (tmp_path / "workspace" / CHECKOUT).exists()
+
+
+@pytest.mark.parametrize("ref", ["m\u0430in", "ma\u200bin", "develop"])
+def test_a_seed_under_another_ref_than_its_generations_is_seed_missing_with_no_effect(
+    slots: Slots, repo: Path, ref: str
+) -> None:
+    """The recorded checkout and sha under a look-alike of the generation's ref (a Cyrillic
+    U+0430, a zero-width space) or under another branch name: nothing is recorded, presigned or
+    launched, and no checkout ends up on a branch the resident never published."""
+    seed = slots.publish(repo) | {"ref": ref}
+    presigned: list[str] = []
+    service = seed_service(slots.stack.store, R2Settings(), RuntimeSettings(), SeedSettings())
+    r2_client = service._r2._s3  # type: ignore[union-attr]  # observe presigning
+    r2_client.meta.events.register(
+        "before-sign.s3", lambda **kwargs: presigned.append(kwargs["operation_name"])
+    )
+    status, answer = slots.seed(slots.body(seed))
+    missing = {"seeded": False, "reason": "seed-missing", "step": None, "detail": None}
+    assert (status, answer) == (200, missing)
+    assert presigned == []
+    assert slots.stack.store.lifecycle().read("slot-1").__class__.__name__ == "Absent"
+    assert not slots.workspace().parent.exists() or slots.attempts() == []
+
+
+def test_a_born_seed_under_another_ref_settles_seed_missing_in_the_task(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The task's own check against the records (used on relaunch too) compares the ref:
+    a record born naming the generation's checkout and sha under a look-alike ref is never
+    fetched."""
+    recorded = NewSnapshot(
+        resource="widgets",
+        ref="main",
+        sha="b" * 40,
+        created_at=1_800_000_000,
+        checkout=Archive(backup_id="widgets-checkout", size=1, sha256="0" * 64),
+    )
+    stack.snapshots.record(recorded)
+    seed = SeedIdentity(
+        resource="widgets", ref="m\u0430in", sha="b" * 40, checkout_backup_id="widgets-checkout"
+    )
+    lifecycle = stack.store.lifecycle()
+    born = lifecycle.birth(
+        "aliased",
+        owner=None,
+        seed=seed,
+        origin=None,
+        now=1_800_000_000,
+        idle_deadline=1_800_000_600,
+    )
+    assert isinstance(born, Written)
+    assert born.entry is not None
+    plan = SlotPlan(
+        slot="aliased",
+        attempt=1,
+        op=born.entry.ref,
+        seed=seed,
+        checkout=SecretStr("http://127.0.0.1:9/never-fetched"),
+    )
+    table = stack.store.table_resource()
+    task = SlotTask(
+        plan,
+        TaskSettings(workspace=tmp_path / "workspace"),
+        Lifecycle(table),
+        SnapshotStore(table),
+        threading.Event(),
+    )
+    assert task.restore() == "failed"
+    classified = lifecycle.read("aliased")
     assert isinstance(classified, Supported)
     result = classified.record.result
     assert isinstance(result, SeedFailed)

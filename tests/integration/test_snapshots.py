@@ -74,11 +74,11 @@ class World:
         self.s3.put_object(Bucket=self.bucket, Key=backup_key(backup_id), Body=body)
         return Archive(backup_id=backup_id, size=len(body), sha256=hashlib.sha256(body).hexdigest())
 
-    def snapshot(self, lockfile: str | None = None) -> NewSnapshot:
+    def snapshot(self, lockfile: str | None = None, ref: str = "main") -> NewSnapshot:
         n = next(_ids)
         return NewSnapshot(
             resource=self.resource,
-            ref="main",
+            ref=ref,
             sha=f"{n:040x}",
             created_at=NOW + n,
             checkout=self.archive("checkout"),
@@ -105,6 +105,9 @@ def check_invariants(world: World, ever_recorded: set[str]) -> None:
     recorded = resident.recorded_ids
     assert recorded <= objects, "an object a record names was deleted"
     assert not recorded & resident.pending_ids, "a recorded object is owed deletion"
+    # Every object named or owed is claimed by this resource; a claim's mirror goes with
+    # its paid debt, so the partition does not grow with history.
+    assert resident.owned == recorded | resident.pending_ids
     for backup_id in ever_recorded - recorded:
         assert backup_id not in objects or backup_id in resident.pending_ids, (
             f"{backup_id} left the records but is neither deleted nor owed"
@@ -317,9 +320,11 @@ def test_one_rotation_costs_one_query_one_transaction_and_one_delete_batch(world
 def test_the_births_check_agrees_with_the_records_for_every_seed(world: World) -> None:
     """What the seed function's birth transaction checks on the current item is exactly what
     `Resident.archives_for` finds in the records: before and after each rotation, and after
-    the resource is deleted."""
+    the resource is deleted. Neither takes a seed under another ref than its generation's,
+    nor under a look-alike of it."""
     lifecycle = Lifecycle(world.store_table)
-    published = [world.snapshot(lockfile=f"lock-{n}") for n in range(3)]
+    refs = ["main", "release/2", "m\u0430in"]  # the last one a look-alike of the first
+    published = [world.snapshot(lockfile=f"lock-{n}", ref=refs[n % 2]) for n in range(3)]
     deps_ids = [s.deps.backup_id for s in published if s.deps is not None]
     checkouts = [s.checkout.backup_id for s in published] + deps_ids[:1]  # never a checkout
     shas = [s.sha for s in published]
@@ -331,10 +336,12 @@ def test_the_births_check_agrees_with_the_records_for_every_seed(world: World) -
         else:
             world.snapshots.record(step)
         resident = world.resident()
-        for checkout, sha, deps in itertools.product(checkouts, shas, [None, *deps_ids]):
+        generations = [g for g in (resident.current, resident.retired) if g is not None]
+        named = {(g.checkout.backup_id, g.sha, g.ref) for g in generations}
+        for checkout, sha, deps, ref in itertools.product(checkouts, shas, [None, *deps_ids], refs):
             seed = SeedIdentity(
                 resource=world.resource,
-                ref="main",
+                ref=ref,
                 sha=sha,
                 checkout_backup_id=checkout,
                 deps_backup_id=deps,
@@ -350,5 +357,119 @@ def test_the_births_check_agrees_with_the_records_for_every_seed(world: World) -
             )
             recorded = resident.archives_for(seed) is not None
             assert isinstance(born, Written if recorded else Unmet), (seed, born)
+            if recorded:  # a generation's own checkout at its sha, under its own ref
+                assert (checkout, sha, ref) in named, seed
             checked[recorded] += 1
     assert checked[True] >= 10  # both generations, with and without deps, were seedable
+
+
+def a_seed_of(snapshot: NewSnapshot) -> SeedIdentity:
+    return SeedIdentity(
+        resource=snapshot.resource,
+        ref=snapshot.ref,
+        sha=snapshot.sha,
+        checkout_backup_id=snapshot.checkout.backup_id,
+        deps_backup_id=snapshot.deps.backup_id if snapshot.deps else None,
+    )
+
+
+def assert_still_seeds(world: World, snapshot: NewSnapshot) -> None:
+    """The resource's seed of `snapshot` is recorded, its birth check holds, its objects
+    are in R2."""
+    seed = a_seed_of(snapshot)
+    assert world.resident().archives_for(seed) is not None
+    born = Lifecycle(world.store_table).birth(
+        f"still-{next(_ids)}",
+        owner=None,
+        seed=seed,
+        origin=None,
+        now=NOW,
+        idle_deadline=NOW + 60,
+        requires=world.store.recorded_check(seed),
+    )
+    assert isinstance(born, Written), born
+    assert snapshot.backup_ids <= world.objects()
+
+
+@pytest.mark.parametrize("part", ["checkout", "deps"])
+def test_another_resources_backup_id_is_refused_and_never_deleted_by_this_one(
+    stack: Stack, part: str
+) -> None:
+    """B names A's object (same size and sha256): refused, nothing written for B; B's
+    rotations and DELETE leave A's object, and A's seed still seeds."""
+    a, b = World(stack), World(stack)
+    owned = a.snapshot(lockfile="lock")
+    a.snapshots.record(owned)
+    b.snapshots.record(b.snapshot(lockfile="lock"))
+    before = b.resident()
+    stolen = b.snapshot(lockfile="lock").model_copy(update={part: getattr(owned, part)})
+    with pytest.raises(SnapshotRefused, match="backup-id-owned") as refused:
+        b.snapshots.record(stolen)
+    assert getattr(owned, part).backup_id in refused.value.detail
+    assert b.resident() == before
+    for _ in range(2):
+        b.snapshots.record(b.snapshot(lockfile="lock"))
+    b.snapshots.delete(b.resource)
+    assert not b.resident().exists
+    assert_still_seeds(a, owned)
+
+
+def test_two_resources_racing_to_record_one_fresh_id_exactly_one_owns_it(stack: Stack) -> None:
+    a, b = World(stack), World(stack)
+    fresh = a.archive("checkout")
+    plans = [
+        plan_rotation(w.resident(), w.snapshot().model_copy(update={"checkout": fresh}), now=NOW)
+        for w in (a, b)
+    ]
+    barrier = threading.Barrier(2)
+
+    def commit(plan: object) -> Committed | Lost:
+        assert isinstance(plan, Rotation)
+        barrier.wait()
+        return a.store.commit_rotation(plan)
+
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(commit, plans))
+    assert sorted(outcomes, key=repr) == [Committed(), Lost("backup-id-owned")]
+    winner, loser = (a, b) if outcomes[0] == Committed() else (b, a)
+    assert not loser.resident().exists
+    with pytest.raises(SnapshotRefused, match="backup-id-owned"):
+        loser.snapshots.record(loser.snapshot().model_copy(update={"checkout": fresh}))
+    for _ in range(3):  # the loser's own rotations (the third one pays), then its teardown
+        loser.snapshots.record(loser.snapshot())
+    loser.snapshots.delete(loser.resource)
+    assert fresh.backup_id in winner.objects()
+    assert winner.resident().recorded_ids == {fresh.backup_id}
+
+
+@pytest.mark.parametrize("owner", ["another resource", "no resource"])
+def test_a_debt_naming_an_object_this_resource_does_not_own_never_deletes_it(
+    stack: Stack, owner: str
+) -> None:
+    """Defence in depth: a ledger entry written before ownership existed (or planted) for an
+    object this resource does not own is cleared without deleting the object."""
+    a, b = World(stack), World(stack)
+    if owner == "another resource":
+        owned = a.snapshot()
+        a.snapshots.record(owned)
+        backup_id = owned.checkout.backup_id
+    else:
+        backup_id = a.archive("checkout").backup_id
+    b.snapshots.record(b.snapshot())
+    b.store_table.put_item(  # the ledger entry as written before ownership existed
+        Item={
+            "PK": f"RESIDENT#{b.resource}",
+            "SK": f"GARBAGE#{backup_id}",
+            "schema": 1,
+            "backup_id": backup_id,
+            "since": NOW,
+            "sweep": "debt",
+            "idle_deadline": NOW,
+        }
+    )
+    payment = b.snapshots.pay_debts(b.resource)
+    assert backup_id in a.objects()
+    assert (payment.deleted, payment.pending, payment.spared) == ((), (), (backup_id,))
+    assert backup_id not in b.resident().pending_ids
+    b.snapshots.delete(b.resource)
+    assert backup_id in a.objects()

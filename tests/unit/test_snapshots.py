@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from seedkeeper.models import SeedIdentity
 from seedkeeper.snapshots import (
     Archive,
     DepsEntry,
@@ -140,3 +141,26 @@ def test_a_recorded_generation_keeps_its_number() -> None:
     snapshot = Snapshot(**new(1).model_dump(), generation=4)
     assert snapshot.same_content(new(1))
     assert not snapshot.same_content(new(2))
+
+
+@pytest.mark.parametrize("ref", ["m\u0430in", "ma\u200bin", "develop"])
+def test_a_seed_names_its_generations_ref_or_nothing(ref: str) -> None:
+    """A look-alike of the recorded ref (a Cyrillic U+0430, a zero-width space) or another branch
+    with the right checkout and sha names no recorded generation."""
+    resident = Resident("acme")
+    for n in (1, 2):
+        resident, _ = rotate(resident, new(n).model_copy(update={"ref": f"release-{n}"}))
+    current, retired = resident.current, resident.retired
+    assert current is not None
+    assert retired is not None
+    for generation in (current, retired):
+        seed = SeedIdentity(
+            resource="acme",
+            ref=generation.ref,
+            sha=generation.sha,
+            checkout_backup_id=generation.checkout.backup_id,
+        )
+        assert resident.archives_for(seed) == (generation.checkout, None)
+        assert resident.archives_for(seed.model_copy(update={"ref": ref})) is None
+        other = retired if generation is current else current
+        assert resident.archives_for(seed.model_copy(update={"ref": other.ref})) is None
