@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from boto3.dynamodb.conditions import Attr, ConditionBase
 from boto3.dynamodb.types import TypeDeserializer
@@ -21,12 +21,14 @@ from seedkeeper import transitions
 from seedkeeper.errors import translate_client_error
 from seedkeeper.items import transaction_condition
 from seedkeeper.models import Incarnation, Origin, OwnerClaim, SeedIdentity
-from seedkeeper.opwindow import Actor, Operation, OpKind, OpRef
+from seedkeeper.opwindow import WINDOW_SIZE, Actor, Operation, OpKind, OpRef
 from seedkeeper.record import (
     LIVE_STATES,
     SCHEMA,
+    SWEEP_PARTITION,
     Checkpoint,
     Classified,
+    FailureReason,
     SeedFailed,
     SeedSucceeded,
     SlotRecord,
@@ -162,18 +164,31 @@ class Lifecycle:
         """Extend the idle deadline for the slot's own owner, seed and origin: one
         UpdateItem and no read, so a poll costs one call. The new record is returned.
 
-        No `rev` is read first, so the condition itself carries every fact the poll
-        depends on, plus the types of the attributes a malformed record would lack.
+        No `rev` is read first, so the condition itself must keep the touch off any record
+        it may not write (unsupported, malformed, finished, another's): it pins the identity
+        and checks every attribute the record codec knows, as far as a condition can see it
+        (`_touchable`). What a condition cannot see, and why touching it anyway is safe:
+
+        - An attribute the codec does not know (a newer deployment's, or planted): a
+          condition names the attributes it tests and cannot ask "nothing else". The touch
+          writes, the record read back is `Malformed`, the caller answers 409.
+        - String patterns (ids, refs, sha, incarnation, reason tokens, the claim's text),
+          whether a number is integral, and the members of maps with open keys
+          (`result.steps`): only types, sizes and bounds are visible.
+        - The operation window's entries (their members, ordinals below `next_ordinal`,
+          `open_ops` counting the unsettled ones): a condition addresses list elements by
+          fixed index only, and there are up to sixteen of them.
+        - An unknown member inside `result`, `checkpoint` or the claim, for the same reason
+          as an unknown attribute.
+
+        In each case the touch changes only `idle_deadline`, `updated_at` and `rev`: a later
+        deadline only retains the slot longer (the sweep never stops a record it cannot
+        read as supported), and no reader decides anything on `updated_at` or on the `rev`
+        of a record it cannot decode. A record malformed only in `idle_deadline` or
+        `updated_at` being a fraction becomes readable: those are the two values the touch
+        owns. The identity (owner, seed, origin) and the state are pinned exactly, so a
+        touch never writes another caller's record, malformed or not.
         """
-        exists = Attr("PK").exists()
-        supported = Attr("schema").eq(SCHEMA)  # never write a newer deployment's record
-        live = Attr("state").is_in([state.value for state in LIVE_STATES])
-        well_typed = (
-            Attr("rev").attribute_type("N")
-            & Attr("attempt").attribute_type("N")
-            & Attr("idle_deadline").attribute_type("N")
-            & Attr("ops").attribute_type("L")
-        )
         same_owner = _equals("owner", owner)  # the claim is immutable once bound
         same_seed = _equals("seed", seed)
         same_origin = _equals("origin", origin)
@@ -187,10 +202,7 @@ class Lifecycle:
                     "#rev": "rev",
                 },
                 ExpressionAttributeValues={":deadline": idle_deadline, ":now": now, ":one": 1},
-                ConditionExpression=exists
-                & supported
-                & live
-                & well_typed
+                ConditionExpression=_touchable(seeded=seed is not None)
                 & same_owner
                 & same_seed
                 & same_origin,
@@ -302,7 +314,114 @@ def _update_expression(
 
 def _equals(name: str, value: OwnerClaim | SeedIdentity | str | None) -> ConditionBase:
     if value is None:
-        return Attr(name).not_exists()
+        return _absent(name)
     if isinstance(value, str):
         return Attr(name).eq(value)
     return Attr(name).eq(value.model_dump(mode="json", exclude_none=True))
+
+
+# What the codec requires of a live record (record.py), as a condition can see it. Sizes
+# are the models' own bounds; a comparison with a number is false for any other type.
+_MAX_INCARNATION = 512
+_MAX_BACKUP_ID = 128
+_MAX_BRANCH = 255
+_PENDING_STATES = (State.UNSEEDED, State.SEEDING)  # no verdict yet: no result
+
+
+def _touchable(*, seeded: bool) -> ConditionBase:
+    """A live record of this schema the codec would read, as far as a condition sees it.
+    A cold poll (`seeded` false) may only touch an unseeded record: every other live state
+    names a seed."""
+    states = [s for s in State if s in LIVE_STATES and (s is not State.UNSEEDED) == seeded]
+    pending = [s.value for s in _PENDING_STATES if s in states]
+    verdict: ConditionBase = Attr("state").is_in(pending) & _absent("result")
+    if seeded:
+        verdict = (
+            verdict
+            | (Attr("state").eq(State.SEEDED.value) & _succeeded())
+            | (Attr("state").eq(State.SEED_FAILED.value) & _failed())
+        )
+    return (
+        Attr("schema").eq(SCHEMA)  # never write a newer deployment's record
+        & Attr("state").is_in([s.value for s in states])
+        & verdict
+        & Attr("sweep").eq(SWEEP_PARTITION)  # every live record is on the sweep's index
+        & _absent("expires_at")  # only a retired record expires
+        & _number("rev", 1)
+        & _number("attempt", 1)
+        & _number("idle_deadline", 0)
+        & _number("created_at", 0)
+        & _number("updated_at", 0)
+        & _number("next_ordinal", 1)
+        & _number("open_ops", 0, WINDOW_SIZE)
+        & (
+            Attr("ops").not_exists()
+            | (Attr("ops").attribute_type("L") & Attr("ops").size().lte(WINDOW_SIZE))
+        )
+        & _optional("incarnation", _text("incarnation", 1, _MAX_INCARNATION))
+        & _optional("retained_reason", _text("retained_reason", 1, 64))
+        & _optional("checkpoint", _checkpoint())
+    )
+
+
+def _succeeded() -> ConditionBase:
+    return (
+        Attr("result").attribute_type("M")
+        & Attr("result.outcome").eq("seeded")
+        & _text("result.ref", 1, _MAX_BRANCH)
+        & _sha("result.head")
+        & _text("result.from_backup", 1, _MAX_BACKUP_ID)
+        & Attr("result.steps").attribute_type("M")
+        & _number("result.ms", 0)
+    )
+
+
+def _failed() -> ConditionBase:
+    return (
+        Attr("result").attribute_type("M")
+        & Attr("result.outcome").eq("failed")
+        & Attr("result.reason").is_in(list(get_args(FailureReason)))
+        & _text("result.step", 1, 32)
+        & _text("result.detail", 0, 512)
+    )
+
+
+def _checkpoint() -> ConditionBase:
+    owner = "checkpoint.owner"
+    claim: ConditionBase = Attr(owner).attribute_type("M")
+    for member in OwnerClaim.model_fields:
+        claim = claim & Attr(f"{owner}.{member}").attribute_type("S")
+    return (
+        Attr("checkpoint").attribute_type("M")
+        & _text("checkpoint.key", len("checkpoints/") + 1, len("checkpoints/") + 256)
+        & _number("checkpoint.size", 0)
+        & _text("checkpoint.etag", 1, 128)
+        & _text("checkpoint.sha256", 64, 64)
+        & _number("checkpoint.created_at", 0)
+        & _number("checkpoint.expires_at", 0)
+        & (Attr(owner).attribute_type("NULL") | claim)  # present: null for a cold slot
+        & _text("checkpoint.incarnation", 1, _MAX_INCARNATION)
+    )
+
+
+def _absent(path: str) -> ConditionBase:
+    """No such fact: the codec reads a missing attribute and a NULL one alike."""
+    return Attr(path).not_exists() | Attr(path).attribute_type("NULL")
+
+
+def _optional(path: str, present: ConditionBase) -> ConditionBase:
+    return _absent(path) | present
+
+
+def _number(path: str, least: int, most: int | None = None) -> ConditionBase:
+    bounded = Attr(path).gte(least) if most is None else Attr(path).between(least, most)
+    return Attr(path).attribute_type("N") & bounded
+
+
+def _text(path: str, least: int, most: int) -> ConditionBase:
+    return Attr(path).attribute_type("S") & Attr(path).size().between(least, most)
+
+
+def _sha(path: str) -> ConditionBase:
+    size = Attr(path).size()  # sha-1 or sha-256
+    return Attr(path).attribute_type("S") & (size.eq(40) | size.eq(64))

@@ -83,7 +83,7 @@ class Checkpoint(Model):
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     created_at: EpochSeconds
     expires_at: EpochSeconds
-    owner: OwnerClaim | None
+    owner: OwnerClaim | None = None  # absent for an unclaimed slot (encode drops None)
     incarnation: Incarnation
 
 

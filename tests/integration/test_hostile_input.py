@@ -9,7 +9,9 @@ over 256 KiB are refused by the function-URL gateway (413), checked over HTTP at
 
 from __future__ import annotations
 
+import base64
 import copy
+import itertools
 import json
 import secrets
 import urllib.error
@@ -26,7 +28,7 @@ from botocore.credentials import Credentials
 from pydantic import BaseModel
 
 from conftest import Stack
-from functions import event, invoke, load_function
+from functions import Context, event, invoke, load_function
 from seedkeeper.config import StoreSettings
 from seedkeeper.local.gateway import MAX_BODY, LocalCredentials
 from seedkeeper.local.stack import LocalStack
@@ -420,14 +422,14 @@ PATH_RESOURCES = [
 ]
 
 
-ROUTER_MISS = {"statusCode": 404, "message": "Not found"}
+ROUTER_MISS: dict[str, Any] = {"error": "not-found", "detail": None, "fields": []}
 
 
 @pytest.mark.parametrize("method", ["GET", "DELETE"])
 def test_hostile_resources_in_the_path_are_refused(stack: Stack, method: str) -> None:
     """400 naming `path.resource`; or, for characters the router's path pattern does not
     take (a backslash, U+FF0F, U+2215) and for separators that split the path, the
-    router's plain 404."""
+    router's 404 `not-found`."""
     wrong = []
     for resource in PATH_RESOURCES:
         status, answer = by_path(method, f"/snapshots/{resource}")
@@ -439,6 +441,127 @@ def test_hostile_resources_in_the_path_are_refused(stack: Stack, method: str) ->
         if answer != ROUTER_MISS:
             wrong.append((path, status, answer))
     assert wrong == []
+    assert_nothing_written(stack)
+
+
+# Bodies are parsed under limits before validation, on every POST route.
+
+KB = 1024
+VALID_SEED = json.loads(event("seed-new")["body"])
+
+HOSTILE_BODIES: dict[str, dict[str, Any]] = {
+    "10000-levels": {"body": "[" * 10_000 + "]" * 10_000},
+    "deep-inside-an-object": {"body": '{"slot": ' + "[" * 33 + "]" * 33 + "}"},
+    "5001-digits": {"body": '{"slot": ' + "1" * 5001 + "}"},
+    "21-digits": {"body": '{"slot": "slot-1", "created_at": ' + "9" * 21 + "}"},
+    "duplicate-key": {"body": '{"slot": "../x", "slot": "ok"}'},
+    "duplicate-key-hidden-by-a-valid-one": {
+        "body": json.dumps(VALID_SEED)[:-1] + ', "slot": "thread-42-slot"}'
+    },
+    "array-of-a-valid-body": {"body": json.dumps([VALID_SEED])},
+    "nan": {"body": '{"slot": NaN}'},
+    "infinity": {"body": '{"slot": Infinity}'},
+    "lone-surrogate": {"body": json.dumps(VALID_SEED | {"slot": "\ud800"}, ensure_ascii=True)},
+    "not-utf8": {"body": base64.b64encode(b'{"slot": "\xff"}').decode(), "isBase64Encoded": True},
+    "not-base64": {"body": "{not base64}", "isBase64Encoded": True},
+    "not-json": {"body": "slot=1"},
+}
+
+
+@pytest.mark.parametrize(("function", "name"), [pytest.param(f, n, id=f) for f, n, _, _ in ROUTES])
+def test_bodies_over_a_parsing_limit_are_refused_before_validation(
+    stack: Stack, function: str, name: str
+) -> None:
+    """Never a 5xx or an escaped exception: a 400 on `body`, and nothing written."""
+    if function == "rotation":
+        put_archives(stack)
+    wrong: list[tuple[str, object, object]] = []
+    for case, changes in HOSTILE_BODIES.items():
+        headers = {"host": "abcdefghij.lambda-url.us-east-1.on.aws"}
+        try:
+            status, answer = invoke(
+                HANDLERS[function],
+                event(name, headers=headers | {"content-type": "application/json"}, **changes),
+            )
+        except Exception as escaped:  # the attack: an exception escapes the handler
+            wrong.append((case, "raised", type(escaped).__name__))
+            continue
+        fields = [f["field"] for f in answer.get("fields", [])] if status == 400 else []
+        if answer.get("error") != "invalid-request" or not fields[0].startswith("body"):
+            wrong.append((case, status, answer))
+    assert wrong == []
+    assert_nothing_written(stack)
+
+
+# Methods a route does not serve, paths no route serves: answered by the handler itself.
+
+SERVED = {
+    "seed": ("/seed", ["POST"]),
+    "receipt": ("/receipt", ["POST"]),
+    "slot_evidence": ("/slot-evidence", ["POST"]),
+    "rotation": ("/snapshots", ["POST"]),
+}
+JSON = "application/json"
+OTHER_METHODS = ["GET", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD", "TRACE", "CONNECT"]
+
+
+def request(
+    function: str, method: str, path: str, body: str | None = None, content_type: str = JSON
+) -> dict[str, Any]:
+    built = event("rotation-get", rawPath=path, body=body)
+    built["headers"]["content-type"] = content_type
+    built["requestContext"]["http"] |= {"method": method, "path": path}
+    answer: dict[str, Any] = HANDLERS[function](built, Context())
+    return answer
+
+
+@pytest.mark.parametrize("function", list(SERVED))
+def test_a_method_a_route_does_not_serve_is_a_405_naming_those_it_does(
+    stack: Stack, function: str
+) -> None:
+    path, methods = SERVED[function]
+    wrong = []
+    unserved = [m for m in OTHER_METHODS if m not in methods]
+    for method, content_type in itertools.product(unserved, [JSON, "text/plain"]):
+        answer = request(function, method, path, json.dumps({"slot": "slot-1"}), content_type)
+        body = json.loads(answer["body"]) if answer.get("body") else None
+        expected_body = None if method == "HEAD" else {"error": "method-not-allowed"}
+        if (
+            answer["statusCode"] != 405
+            or answer.get("headers", {}).get("Allow") != ", ".join(methods)
+            or (body and {"error": body["error"]}) != expected_body
+        ):
+            wrong.append((method, content_type, answer))
+    assert wrong == []
+    assert_nothing_written(stack)
+
+
+def test_the_rotation_paths_name_each_their_own_methods(stack: Stack) -> None:
+    allowed = {
+        "/snapshots/acme-widgets": "DELETE, GET, HEAD",
+        "/healthz": "GET, HEAD",
+        "/snapshots": "POST",
+    }
+    for path, methods in allowed.items():
+        answer = request("rotation", "PUT", path)
+        assert (answer["statusCode"], answer["headers"]["Allow"]) == (405, methods), path
+    assert_nothing_written(stack)
+
+
+@pytest.mark.parametrize("function", list(SERVED))
+def test_a_path_no_route_serves_is_a_404_and_head_is_get_without_a_body(
+    stack: Stack, function: str
+) -> None:
+    for method in ("GET", "POST", "PUT"):
+        answer = request(function, method, "/nowhere")
+        assert (answer["statusCode"], json.loads(answer["body"])) == (404, ROUTER_MISS)
+    head = request(function, "HEAD", "/nowhere")
+    assert (head["statusCode"], head["body"]) == (404, "")
+    got, head = request(function, "GET", "/healthz"), request(function, "HEAD", "/healthz")
+    assert (got["statusCode"], head["statusCode"]) == (200, 200)
+    assert json.loads(got["body"])["ok"] is True
+    assert head["body"] == ""
+    assert head["headers"] == got["headers"]
     assert_nothing_written(stack)
 
 

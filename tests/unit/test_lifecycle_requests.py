@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 import boto3
 import pytest
+from boto3.dynamodb.conditions import BuiltConditionExpression, ConditionExpressionBuilder
 from boto3.dynamodb.types import TypeSerializer
 from botocore.stub import ANY, Stubber
 
-from builders import IDLE, NOW, ORIGIN, owner, record_in, seed
+from builders import IDLE, NOW, ORIGIN, checkpoint, owner, record_in, seed
 from seedkeeper.lifecycle import Conflict, Lifecycle, Unmet, Written
 from seedkeeper.opwindow import Actor, OpKind
 from seedkeeper.record import Absent, SlotRecord, State, Supported, encode
@@ -128,3 +130,69 @@ def test_a_birth_is_one_transaction_whose_reasons_become_answers(
 
 def wire(record: SlotRecord) -> dict[str, Any]:
     return {name: _serialize(value) for name, value in encode(record).items()}
+
+
+# DynamoDB's limits on one expression: 4 KB of text, 300 operators and functions.
+MAX_EXPRESSION = 4096
+MAX_OPERATORS = 300
+OPERATORS = re.compile(
+    r"\b(?:AND|OR|NOT|BETWEEN|IN)\b|<>|<=|>=|=|<|>|\b(?:attribute_\w+|size|begins_with|contains)\("
+)
+
+
+def sent_touch(table: Table, *, seeded: bool) -> tuple[dict[str, Any], BuiltConditionExpression]:
+    """The UpdateItem a touch sends, and its condition as boto3 builds it for the wire."""
+    sent: dict[str, Any] = {}
+
+    def capture(params: dict[str, Any], **_: Any) -> None:
+        sent.update(params)
+
+    table.meta.client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", capture)
+    with Stubber(table.meta.client) as stub:
+        stub.add_response("update_item", {"Attributes": wire(record_in(State.SEEDED))})
+        Lifecycle(table).touch(
+            "slot-1",
+            owner=owner() if seeded else None,
+            seed=seed() if seeded else None,
+            origin=ORIGIN if seeded else None,
+            now=NOW,
+            idle_deadline=NOW + IDLE,
+        )
+        stub.assert_no_pending_responses()
+    return sent, ConditionExpressionBuilder().build_expression(sent["ConditionExpression"])
+
+
+@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "cold"])
+def test_a_touch_is_one_update_whose_condition_fits_dynamodb_limits(
+    table: Table, seeded: bool
+) -> None:
+    sent, condition = sent_touch(table, seeded=seeded)
+    assert sent["UpdateExpression"] == "SET #deadline = :deadline, #updated = :now ADD #rev :one"
+    assert (sent["ReturnValues"], sent["ReturnValuesOnConditionCheckFailure"]) == (
+        "ALL_NEW",
+        "ALL_OLD",
+    )
+    expression = condition.condition_expression
+    assert len(expression.encode()) <= MAX_EXPRESSION
+    assert len(OPERATORS.findall(expression)) <= MAX_OPERATORS
+
+
+def test_the_touch_condition_tests_every_attribute_the_codec_writes(table: Table) -> None:
+    """A new attribute in the codec must be added to the touch's condition too: every
+    attribute a record can carry, and every member of `result`, `checkpoint` and the
+    checkpoint's owner, is named in it (the key is the request's; `owner`, `seed` and
+    `origin` are pinned whole by equality; `result.steps` has open keys)."""
+    richest = record_in(State.SEEDED).model_copy(
+        update={"checkpoint": checkpoint(), "retained_reason": "task-running"}
+    )
+    items = [
+        encode(richest),
+        encode(record_in(State.SEED_FAILED)),
+        encode(record_in(State.RETIRED)),
+    ]
+    carried = {name for item in items for name in item if name not in KEY}
+    for item in items:
+        carried |= set(item.get("result", {})) | set(item.get("checkpoint", {}))
+        carried |= set(item.get("checkpoint", {}).get("owner", {}))
+    _, condition = sent_touch(table, seeded=True)
+    assert carried - set(condition.attribute_name_placeholders.values()) == set()

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from builders import IDLE, NOW, ORIGIN, owner, record_in, seed
+from builders import IDLE, NOW, ORIGIN, checkpoint, owner, record_in, seed
 from seedkeeper import transitions
 from seedkeeper.opwindow import Actor, OpKind, OpRef
 from seedkeeper.record import (
@@ -51,6 +51,13 @@ def test_an_encoded_record_reads_back_as_the_same_supported_record() -> None:
     assert item["sweep"] == "live"
     assert "incarnation" not in item  # absent facts are absent attributes
     assert classify("slot-1", as_read(item)) == Supported(record)
+
+
+def test_a_checkpoint_of_an_unclaimed_slot_reads_back() -> None:
+    """An unclaimed slot's checkpoint has no owner: encoding drops it, decoding must not
+    then call the record malformed."""
+    record = record_in(State.SEEDED).model_copy(update={"checkpoint": checkpoint(owner=None)})
+    assert classify("slot-1", as_read(encode(record))) == Supported(record)
 
 
 def test_a_retired_record_leaves_the_sweep_index() -> None:
