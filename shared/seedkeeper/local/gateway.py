@@ -1,6 +1,10 @@
 """A local stand-in for Lambda function URLs with `AWS_IAM` auth: checks each request's
 SigV4 signature, builds the event Lambda would build (payload format 2.0), and hands it
-to the same handler module that runs in AWS."""
+to the same handler module that runs in AWS.
+
+It refuses what a function URL refuses, and answers every refusal in JSON: a body framed
+any way but one decimal Content-Length that arrives in full, a repeated Host, any method
+before its signature is checked, and whatever Python's HTTP parser rejects."""
 
 from __future__ import annotations
 
@@ -8,12 +12,14 @@ import base64
 import http.server
 import importlib.util
 import json
+import re
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from http import HTTPStatus
 from types import ModuleType
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -33,6 +39,11 @@ ROUTES = (
     ("/healthz", "seed"),
 )
 ACCOUNT = "000000000000"
+# A client that stops sending for this long gets its answer (or its connection closed).
+REQUEST_TIMEOUT = 10.0
+# Digits only (no sign, `_` or base prefix that int() would take), few enough that int()
+# is cheap: no body has more than 18 digits of length.
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 
@@ -73,8 +84,18 @@ class FunctionUrlGateway(http.server.ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # many executors at once: the default backlog of 5 resets them
 
-    def __init__(self, host: str, port: int, credentials: LocalCredentials) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        credentials: LocalCredentials,
+        *,
+        region: str,
+        request_timeout: float = REQUEST_TIMEOUT,
+    ) -> None:
         self.credentials = credentials
+        self.region = region  # a signature scoped to any other region is refused
+        self.request_timeout = request_timeout
         self.handlers = {name: load_handler(name) for _, name in ROUTES}
         super().__init__((host, port), _Request)
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
@@ -103,44 +124,56 @@ class FunctionUrlGateway(http.server.ThreadingHTTPServer):
 class _Request(http.server.BaseHTTPRequestHandler):
     server: FunctionUrlGateway
     protocol_version = "HTTP/1.1"
+    # Every answer, the parser's early refusals included, has an HTTP/1.1 status line.
+    default_request_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.request_timeout)
 
     def log_message(self, *_: Any) -> None:
         """No request lines: a query string could carry anything."""
 
-    def do_GET(self) -> None:
-        self._serve()
+    def parse_request(self) -> bool:
+        try:
+            if not super().parse_request():
+                return False
+        except TimeoutError:  # a request line, then the headers stopped coming
+            self.send_error(HTTPStatus.REQUEST_TIMEOUT)
+            return False
+        if len(self.requestline.split()) == 2:  # HTTP/0.9: a request line with no version
+            self.send_error(HTTPStatus.BAD_REQUEST)
+            return False
+        return True
 
-    def do_POST(self) -> None:
-        self._serve()
-
-    def do_DELETE(self) -> None:
-        self._serve()
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The parser's refusals (request line, version, sizes, unknown method) in JSON like
+        every other answer, never its HTML page; its detail is not echoed back."""
+        self._refuse(HTTPStatus(code))
 
     def _serve(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            self._answer(413, {"message": "Request Entity Too Large"})
-            self.close_connection = True
+        body = self._body()
+        if isinstance(body, HTTPStatus):
+            self._refuse(body)
             return
-        body = self.rfile.read(length)
-        url = f"http://{self.headers.get('Host', '')}{self.path}"
         refused = verify(
             method=self.command,
-            url=url,
-            headers=dict(self.headers.items()),
+            url=f"http://{self.headers['Host']}{self.path}",
+            headers=self.headers.items(),
             body=body,
             access_key=self.server.credentials.access_key,
             secret_key=self.server.credentials.secret_key,
+            region=self.server.region,
             now=datetime.now(UTC),
         )
         if refused is not None:
             logger.info("local gateway refused a request", why=refused)
-            self._answer(403, {"message": "Forbidden"})
+            self._answer(HTTPStatus.FORBIDDEN)
             return
         path = urlsplit(self.path).path
         function = self.server.route(path)
         if function is None:
-            self._answer(404, {"message": "Not Found"})
+            self._answer(HTTPStatus.NOT_FOUND)
             return
         event = self._event(path, body)
         context = _Context(
@@ -151,6 +184,34 @@ class _Request(http.server.BaseHTTPRequestHandler):
         payload = response.get("body") or ""
         raw = base64.b64decode(payload) if response.get("isBase64Encoded") else payload.encode()
         self._send(response.get("statusCode", 200), response.get("headers", {}), raw)
+
+    # Every method a function URL takes is authenticated first, then the function decides.
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _serve
+
+    def _body(self) -> bytes | HTTPStatus:
+        """The body as its one Content-Length frames it, or why the request is refused (and
+        its connection closed: where the next request would start is unknown)."""
+        if "Transfer-Encoding" in self.headers:
+            return HTTPStatus.LENGTH_REQUIRED
+        if len(self.headers.get_all("Host", [])) != 1:
+            return HTTPStatus.BAD_REQUEST  # RFC 9112 §3.2: exactly one Host
+        lengths = [value.strip(" \t") for value in self.headers.get_all("Content-Length", [])]
+        if len(lengths) > 1 or (lengths and _CONTENT_LENGTH.fullmatch(lengths[0]) is None):
+            return HTTPStatus.BAD_REQUEST  # RFC 9112 §6.3: the framing cannot be trusted
+        length = int(lengths[0]) if lengths else 0
+        if length > MAX_BODY:
+            return HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+        try:
+            body = self.rfile.read(length)
+        except TimeoutError:
+            body = b""
+        if len(body) != length:  # the client stopped sending, or closed, before the end
+            return HTTPStatus.BAD_REQUEST
+        return body
+
+    def _refuse(self, status: HTTPStatus) -> None:
+        self.close_connection = True
+        self._answer(status)
 
     def _event(self, path: str, body: bytes) -> dict[str, Any]:
         """The function URL event Lambda builds (payload format 2.0), credentials removed."""
@@ -199,8 +260,12 @@ class _Request(http.server.BaseHTTPRequestHandler):
             "isBase64Encoded": False,
         }
 
-    def _answer(self, status: int, body: dict[str, str]) -> None:
-        self._send(status, {"Content-Type": "application/json"}, json.dumps(body).encode())
+    def _answer(self, status: HTTPStatus) -> None:
+        body = json.dumps({"message": status.phrase}).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.close_connection:
+            headers["Connection"] = "close"
+        self._send(status, headers, body)
 
     def _send(self, status: int, headers: dict[str, str], body: bytes) -> None:
         self.send_response(status)
@@ -209,4 +274,5 @@ class _Request(http.server.BaseHTTPRequestHandler):
                 self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":  # a HEAD answer says how long the body is, without it
+            self.wfile.write(body)

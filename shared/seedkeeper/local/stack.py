@@ -26,6 +26,8 @@ from seedkeeper.sweep import Report
 
 # moto takes any keys; these only have to be the same everywhere in the local stack.
 STORE_KEY = "seedkeeper-local"
+# The stack's one region: its AWS_DEFAULT_REGION, and the only scope the gateway accepts.
+REGION = "us-east-1"
 
 
 class LocalStack:
@@ -70,7 +72,9 @@ class LocalStack:
             load_template(),
         )
         R2.from_settings(R2Settings()).create_bucket()
-        self._gateway = FunctionUrlGateway("127.0.0.1", self.port, self.credentials).start()
+        self._gateway = FunctionUrlGateway(
+            "127.0.0.1", self.port, self.credentials, region=REGION
+        ).start()
         self._sweeper = threading.Thread(target=self._sweep_on_a_timer, daemon=True)
         self._sweeper.start()
         logger.info("local stack started", url=self.url)
@@ -100,7 +104,7 @@ class LocalStack:
         settings = {
             "AWS_ACCESS_KEY_ID": STORE_KEY,
             "AWS_SECRET_ACCESS_KEY": STORE_KEY,
-            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_DEFAULT_REGION": REGION,
             "SEEDKEEPER_TABLE": self.name,
             "SEEDKEEPER_DYNAMODB_ENDPOINT": endpoint,
             "SEEDKEEPER_R2_BUCKET": self.name,
