@@ -399,7 +399,7 @@ def _checkpoint() -> ConditionBase:
         & _text("checkpoint.sha256", 64, 64)
         & _number("checkpoint.created_at", 0)
         & _number("checkpoint.expires_at", 0)
-        & (Attr(owner).attribute_type("NULL") | claim)  # present: null for a cold slot
+        & _optional(owner, claim)  # absent (or null) for an unclaimed slot
         & _text("checkpoint.incarnation", 1, _MAX_INCARNATION)
     )
 
