@@ -188,7 +188,7 @@ class SlotTask:
             self._extract(archive, self.checkout)
             if deps_archive is not None:
                 deps_target = self.checkout / plan.deps_path
-                deps_target.parent.mkdir(parents=True, exist_ok=True)
+                self._make_folders_above(deps_target)
                 self._extract(deps_archive, deps_target)
         with self._step("fixup"):
             head = self._fix_up(seed)
@@ -230,6 +230,21 @@ class SlotTask:
             raise StepFailed("extract", "unsafe-archive", str(unsafe)) from unsafe
         except (ExtractFailed, FileExistsError) as failed:
             raise StepFailed("extract", "seed-failed", str(failed)) from failed
+
+    def _make_folders_above(self, target: Path) -> None:
+        """The folders a nested deps path lands in, the slot user's like the rest of the
+        checkout (the supervisor makes them: it is root)."""
+        user = self.settings.slot_user()
+        folder = self.checkout
+        try:
+            for part in target.relative_to(self.checkout).parent.parts:
+                folder = folder / part
+                if not os.path.lexists(folder):
+                    folder.mkdir()
+                    if user is not None:
+                        os.chown(folder, user.uid, user.gid)
+        except OSError as failed:
+            raise StepFailed("extract", "seed-failed", f"deps path: {failed.strerror}") from failed
 
     def _fix_up(self, seed: SeedIdentity) -> str:
         """The archive's `.git` is data: check it and replace its config before git runs

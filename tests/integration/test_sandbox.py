@@ -176,6 +176,19 @@ def test_restored_files_belong_to_the_slot_user_without_setuid_or_setgid(
     assert (checkout / "src" / "tool.sh").stat().st_mode & 0o111
 
 
+def test_a_nested_deps_path_is_the_slot_users_too(
+    slots: Slots, repo: Path, deps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SEEDKEEPER_DEPS_PATH", "vendor/js/node_modules")
+    status, answer = slots.settle(slots.body(slots.publish(repo, deps)))
+    assert (status, answer["seeded"]) == (200, True), (answer, slots.log("slot-1"))
+
+    checkout = slots.workspace() / CHECKOUT
+    assert (checkout / "vendor/js/node_modules/left-pad/index.js").is_file()
+    entries = [checkout, *checkout.rglob("*")]
+    assert {(path.lstat().st_uid, path.lstat().st_gid) for path in entries} == {(NOBODY, NOBODY)}
+
+
 # A process of the slot user that keeps a secret in its environment, made undumpable or
 # not; its pid on stdout, then it waits.
 HOLDER = """
