@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import secrets
 import subprocess
 import tempfile
@@ -218,6 +219,8 @@ def run_demo() -> int:
     # files under the data directory).
     logger.setLevel("WARNING")
     with tempfile.TemporaryDirectory(prefix="seedkeeper-demo-") as root:
+        # Searchable, not listable: the slot user reaches its workspace through it.
+        os.chmod(root, 0o711)  # noqa: S103 - search only, for the slot user
         ok = Demo(Path(root), console).run()
     verdict = "[green]every outcome is what the protocol requires[/green]"
     console.print(verdict if ok else "[red]the demo failed[/red]")
