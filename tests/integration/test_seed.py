@@ -385,37 +385,10 @@ def test_a_seed_rotated_out_after_its_birth_settles_seed_missing_in_the_task(
 ) -> None:
     """The task verifies against the snapshot records, not the plan: a seed no record names
     any more (rotated out between the birth and the task's read) is never fetched."""
-    lifecycle = stack.store.lifecycle()
     seed = SeedIdentity(
         resource="widgets", ref="main", sha="a" * 40, checkout_backup_id="gone-checkout"
     )
-    born = lifecycle.birth(
-        "gone", owner=None, seed=seed, origin=None, now=1_800_000_000, idle_deadline=1_800_000_600
-    )
-    assert isinstance(born, Written)
-    assert born.entry is not None
-    plan = SlotPlan(
-        slot="gone",
-        attempt=1,
-        op=born.entry.ref,
-        seed=seed,
-        checkout=SecretStr("http://127.0.0.1:9/never-fetched"),
-    )
-    table = stack.store.table_resource()
-    task = SlotTask(
-        plan,
-        TaskSettings(workspace=tmp_path / "workspace"),
-        Lifecycle(table),
-        SnapshotStore(table),
-        threading.Event(),
-    )
-    assert task.restore() == "failed"
-    classified = lifecycle.read("gone")
-    assert isinstance(classified, Supported)
-    result = classified.record.result
-    assert isinstance(result, SeedFailed)
-    assert (result.reason, result.step) == ("seed-missing", "download")
-    assert not (tmp_path / "workspace" / CHECKOUT).exists()
+    assert_the_task_settles_seed_missing_unfetched(stack, seed, tmp_path)
 
 
 @pytest.mark.parametrize("ref", ["m\u0430in", "ma\u200bin", "develop"])
@@ -457,9 +430,17 @@ def test_a_born_seed_under_another_ref_settles_seed_missing_in_the_task(
     seed = SeedIdentity(
         resource="widgets", ref="m\u0430in", sha="b" * 40, checkout_backup_id="widgets-checkout"
     )
+    assert_the_task_settles_seed_missing_unfetched(stack, seed, tmp_path)
+
+
+def assert_the_task_settles_seed_missing_unfetched(
+    stack: Stack, seed: SeedIdentity, tmp_path: Path
+) -> None:
+    """Birth a record naming `seed`, run its slot task in-process with a URL nothing
+    answers, and check it settles `seed-missing` at `download` without a tree."""
     lifecycle = stack.store.lifecycle()
     born = lifecycle.birth(
-        "aliased",
+        "unfetched",
         owner=None,
         seed=seed,
         origin=None,
@@ -469,7 +450,7 @@ def test_a_born_seed_under_another_ref_settles_seed_missing_in_the_task(
     assert isinstance(born, Written)
     assert born.entry is not None
     plan = SlotPlan(
-        slot="aliased",
+        slot="unfetched",
         attempt=1,
         op=born.entry.ref,
         seed=seed,
@@ -484,7 +465,7 @@ def test_a_born_seed_under_another_ref_settles_seed_missing_in_the_task(
         threading.Event(),
     )
     assert task.restore() == "failed"
-    classified = lifecycle.read("aliased")
+    classified = lifecycle.read("unfetched")
     assert isinstance(classified, Supported)
     result = classified.record.result
     assert isinstance(result, SeedFailed)
