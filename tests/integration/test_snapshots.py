@@ -200,19 +200,24 @@ def test_a_debt_that_failed_is_paid_by_the_next_rotation(world: World) -> None:
     assert first.checkout.backup_id not in world.objects()
 
 
-def test_two_concurrent_rotations_exactly_one_commits(world: World) -> None:
-    world.snapshots.record(world.snapshot())
-    read = world.resident()
-    plans = [plan_rotation(read, world.snapshot(), now=NOW) for _ in range(2)]
-    barrier = threading.Barrier(2)
+def commit_together(store: SnapshotStore, plans: list[object]) -> list[Committed | Lost]:
+    """Commit each rotation plan from its own thread, all released at once."""
+    barrier = threading.Barrier(len(plans))
 
     def commit(plan: object) -> Committed | Lost:
         assert isinstance(plan, Rotation)
         barrier.wait()
-        return world.store.commit_rotation(plan)
+        return store.commit_rotation(plan)
 
-    with ThreadPoolExecutor(2) as pool:
-        outcomes = list(pool.map(commit, plans))
+    with ThreadPoolExecutor(len(plans)) as pool:
+        return list(pool.map(commit, plans))
+
+
+def test_two_concurrent_rotations_exactly_one_commits(world: World) -> None:
+    world.snapshots.record(world.snapshot())
+    read = world.resident()
+    plans = [plan_rotation(read, world.snapshot(), now=NOW) for _ in range(2)]
+    outcomes = commit_together(world.store, plans)
     assert sorted(type(outcome).__name__ for outcome in outcomes) == ["Committed", "Lost"]
     resident = world.resident()
     assert resident.current is not None
@@ -421,15 +426,7 @@ def test_two_resources_racing_to_record_one_fresh_id_exactly_one_owns_it(stack: 
         plan_rotation(w.resident(), w.snapshot().model_copy(update={"checkout": fresh}), now=NOW)
         for w in (a, b)
     ]
-    barrier = threading.Barrier(2)
-
-    def commit(plan: object) -> Committed | Lost:
-        assert isinstance(plan, Rotation)
-        barrier.wait()
-        return a.store.commit_rotation(plan)
-
-    with ThreadPoolExecutor(2) as pool:
-        outcomes = list(pool.map(commit, plans))
+    outcomes = commit_together(a.store, plans)
     assert sorted(outcomes, key=repr) == [Committed(), Lost("backup-id-owned")]
     winner, loser = (a, b) if outcomes[0] == Committed() else (b, a)
     assert not loser.resident().exists
