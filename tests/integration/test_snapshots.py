@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -200,7 +201,7 @@ def test_a_debt_that_failed_is_paid_by_the_next_rotation(world: World) -> None:
     assert first.checkout.backup_id not in world.objects()
 
 
-def commit_together(store: SnapshotStore, plans: list[object]) -> list[Committed | Lost]:
+def commit_together(store: SnapshotStore, plans: Sequence[object]) -> list[Committed | Lost]:
     """Commit each rotation plan from its own thread, all released at once."""
     barrier = threading.Barrier(len(plans))
 
