@@ -36,3 +36,4 @@ def no_secret_in_any_log(
     stack = request.node.funcargs.get("stack")
     if isinstance(stack, LocalStack):
         assert stack.credentials.secret_key not in text
+        assert stack.store_credentials.secret_key not in text

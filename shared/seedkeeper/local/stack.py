@@ -1,6 +1,7 @@
 """`seedkeeper local`: all of Seedkeeper on one machine, no AWS account.
 
-An embedded moto server stands in for DynamoDB and for R2 (S3); the table and bucket are
+An embedded moto server stands in for DynamoDB and for R2 (S3) and, like them, answers only
+requests signed with the store's keys (random for each start); the table and bucket are
 created from `template.yaml`; a function-URL gateway on 127.0.0.1 checks SigV4 and serves
 the same handlers as AWS; slot tasks run as local processes; a timer runs the idle sweep.
 Only configuration differs from a deployment: the environment this class sets.
@@ -24,8 +25,6 @@ from seedkeeper.r2 import R2, R2Settings
 from seedkeeper.runtime import LocalRuntime
 from seedkeeper.sweep import Report
 
-# moto takes any keys; these only have to be the same everywhere in the local stack.
-STORE_KEY = "seedkeeper-local"
 # The stack's one region: its AWS_DEFAULT_REGION, and the only scope the gateway accepts.
 REGION = "us-east-1"
 
@@ -52,6 +51,11 @@ class LocalStack:
         self._saved: dict[str, str | None] = {}
         # moto's state is per process: a fresh name keeps two stacks in one process apart.
         self.name = f"seedkeeper-local-{secrets.token_hex(4)}"
+        # The store's keys, for DynamoDB and R2 alike: new for each stack, so that a slot's
+        # sandbox, which finds the store's port but holds no key, cannot guess them.
+        self.store_credentials = LocalCredentials(
+            f"seedkeeper-store-{secrets.token_hex(4)}", secrets.token_urlsafe(32)
+        )
 
     @property
     def url(self) -> str:
@@ -63,7 +67,7 @@ class LocalStack:
         return LocalRuntime(self.data_dir)
 
     def start(self) -> LocalStack:
-        self._moto = AtomicMotoServer().start()
+        self._moto = AtomicMotoServer(credentials=self.store_credentials, region=REGION).start()
         self._configure(self._moto.endpoint)
         store = StoreSettings()
         create_table(
@@ -98,19 +102,21 @@ class LocalStack:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        boto3.setup_default_session()  # forgets the stack's keys
 
     def _configure(self, endpoint: str) -> None:
         """The environment every handler, the sweep and every slot task reads."""
+        store = self.store_credentials
         settings = {
-            "AWS_ACCESS_KEY_ID": STORE_KEY,
-            "AWS_SECRET_ACCESS_KEY": STORE_KEY,
+            "AWS_ACCESS_KEY_ID": store.access_key,
+            "AWS_SECRET_ACCESS_KEY": store.secret_key,
             "AWS_DEFAULT_REGION": REGION,
             "SEEDKEEPER_TABLE": self.name,
             "SEEDKEEPER_DYNAMODB_ENDPOINT": endpoint,
             "SEEDKEEPER_R2_BUCKET": self.name,
             "SEEDKEEPER_R2_ENDPOINT": endpoint,
-            "SEEDKEEPER_R2_ACCESS_KEY_ID": STORE_KEY,
-            "SEEDKEEPER_R2_SECRET_ACCESS_KEY": STORE_KEY,
+            "SEEDKEEPER_R2_ACCESS_KEY_ID": store.access_key,
+            "SEEDKEEPER_R2_SECRET_ACCESS_KEY": store.secret_key,
             "SEEDKEEPER_RUNTIME": "local",
             "SEEDKEEPER_DATA_DIR": str(self.data_dir),
             "SEEDKEEPER_IDLE_WINDOW": str(self.idle_window),
@@ -119,6 +125,8 @@ class LocalStack:
             self._saved.setdefault(name, os.environ.get(name))
             os.environ[name] = value
         os.environ.pop("AWS_SESSION_TOKEN", None)
+        # boto3's default session keeps the keys it first read: a new one reads these.
+        boto3.setup_default_session()
 
     def _sweep_on_a_timer(self) -> None:
         while not self._stopping.wait(self.sweep_interval):
