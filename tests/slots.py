@@ -26,8 +26,9 @@ from seedkeeper.r2 import backup_key
 from seedkeeper.record import Supported
 from seedkeeper.restore.download import parse_content_range
 from seedkeeper.runtime import LocalRuntime, TaskStatus
+from seedkeeper.sandbox import STATE_DIR
 from seedkeeper.snapshots import Archive, NewSnapshot
-from seedkeeper.task import CHECKOUT, MARKER, STATE_DIR
+from seedkeeper.task import CHECKOUT, MARKER
 
 if TYPE_CHECKING:
     from conftest import Stack

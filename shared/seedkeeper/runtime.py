@@ -29,7 +29,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.observability import logger
 from seedkeeper.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.sandbox import let_slot_user_reach
+from seedkeeper.sandbox import end_session, let_slot_user_reach
 
 if TYPE_CHECKING:
     from mypy_boto3_ecs import ECSClient
@@ -275,10 +275,16 @@ class LocalRuntime:
 
     def stop(self, incarnation: str, grace: float = 5.0) -> None:
         """SIGTERM to the task's process group, SIGKILL after `grace` seconds; returns once
-        no process of the group is left (the task's children included)."""
+        no process of the group is left (the task's children included), nor of the sandbox's
+        own session."""
         process = self._process(incarnation)
-        if process is None or self.status(incarnation) is not TaskStatus.RUNNING:
+        if process is None:
             return
+        if self.status(incarnation) is TaskStatus.RUNNING:
+            self._end_group(process, grace)
+        end_session(self.workspace(incarnation.split(":")[1]))
+
+    def _end_group(self, process: _Process, grace: float) -> None:
         for sent, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(process.pid, sent)

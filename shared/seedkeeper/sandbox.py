@@ -9,15 +9,23 @@ makes itself undumpable, so its /proc entries (environ, mem) are closed to the s
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import signal
 import stat
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from seedkeeper.slot_user import SlotUser
+
+# The supervisor's folder in a workspace (root's: the sandbox cannot write it), and its record
+# of the sandbox's session there, so a local runtime can end what the sandbox left running.
+STATE_DIR = ".seedkeeper"
+SESSION_RECORD = "sandbox.json"
+_KILL_ROUNDS = 50  # a session forking while it is killed needs a few rounds, never unbounded
 
 # Taken from the supervisor's environment when set; nothing else ever is.
 SANDBOX_ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "TERM", "TZ")
@@ -93,3 +101,56 @@ def let_slot_user_reach(folder: Path) -> list[Path]:
             os.chmod(each, stat.S_IMODE(mode) | stat.S_IXOTH)
             changed.append(each)
     return changed
+
+
+def record_session(
+    workspace: Path, process: subprocess.Popen[bytes], user: SlotUser | None
+) -> None:
+    """Where the sandbox's session can be found once the supervisor is gone: its leader's
+    pid is the session id, and only processes of the sandbox's user are ever ended."""
+    state = workspace / STATE_DIR
+    state.mkdir(mode=0o755, exist_ok=True)
+    uid = user.uid if user is not None else os.getuid()
+    staged = state / f".{SESSION_RECORD}.tmp"
+    staged.write_text(json.dumps({"session": process.pid, "uid": uid}))
+    staged.replace(state / SESSION_RECORD)
+
+
+def end_session(workspace: Path) -> None:
+    """SIGKILL every process left in the recorded sandbox session that runs as the sandbox's
+    user (read from /proc/<pid>/status: an undumpable process's /proc folder looks root's),
+    until none is left. The sandbox leads its own session, so ending the task's process
+    group leaves it running; a container's end would not."""
+    record = workspace / STATE_DIR / SESSION_RECORD
+    try:
+        fields = json.loads(record.read_text())
+        session, uid = int(fields["session"]), int(fields["uid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    for _ in range(_KILL_ROUNDS):
+        members = _session_members(session, uid)
+        if not members:
+            break
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+        time.sleep(0.02)
+    record.unlink(missing_ok=True)
+
+
+def _session_members(session: int, uid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        real_uid = next(
+            (line.split()[1] for line in status.splitlines() if line.startswith("Uid:")), ""
+        )
+        if fields[0] != "Z" and int(fields[3]) == session and real_uid == str(uid):
+            members.append(int(entry.name))
+    return members

@@ -37,7 +37,14 @@ from seedkeeper.record import FailureReason, SeedFailed, SeedSucceeded, State, S
 from seedkeeper.restore.download import DownloadFailed, download
 from seedkeeper.restore.extract import ExtractFailed, UnsafeArchive, extract, sweep_staging
 from seedkeeper.restore.repository import SafeGit, UnsafeRepository, empty_home, make_safe
-from seedkeeper.sandbox import end, fresh_home, make_undumpable, start
+from seedkeeper.sandbox import (
+    STATE_DIR,
+    end,
+    fresh_home,
+    make_undumpable,
+    record_session,
+    start,
+)
 from seedkeeper.slot_user import SlotUser, slot_user
 from seedkeeper.snapshot_store import SnapshotStore
 from seedkeeper.snapshots import Archive
@@ -45,7 +52,6 @@ from seedkeeper.transitions import Acknowledged
 
 CHECKOUT = "checkout"
 HOME = "home"  # the sandbox's HOME, the slot user's, emptied before each run
-STATE_DIR = ".seedkeeper"
 MARKER = "seed.json"
 _SETTLE_ROUNDS = 8
 
@@ -359,6 +365,7 @@ class SlotTask:
         except OSError as unstartable:
             logger.warning("sandbox not started", why=type(unstartable).__name__)
             return 127  # as a shell answers a command it cannot run
+        record_session(self.workspace, process, user)
         while process.poll() is None:
             if self.stop.wait(0.2):
                 return end(process)

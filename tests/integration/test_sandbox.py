@@ -19,7 +19,8 @@ import pytest
 import seedkeeper
 from repos import git
 from seedkeeper.record import slot_key
-from seedkeeper.task import CHECKOUT, MARKER, STATE_DIR
+from seedkeeper.sandbox import STATE_DIR
+from seedkeeper.task import CHECKOUT, MARKER
 from slots import Slots, record_archive, wait_for
 
 NOBODY = 65534  # the slot user a root local runtime hands its tasks
@@ -187,6 +188,39 @@ def test_a_nested_deps_path_is_the_slot_users_too(
     assert (checkout / "vendor/js/node_modules/left-pad/index.js").is_file()
     entries = [checkout, *checkout.rglob("*")]
     assert {(path.lstat().st_uid, path.lstat().st_gid) for path in entries} == {(NOBODY, NOBODY)}
+
+
+def running_with(token: str) -> list[int]:
+    """Live processes (not zombies) whose command line holds `token`."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            alive = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if alive and token.encode() in command:
+            found.append(int(entry.name))
+    return found
+
+
+def test_stopping_a_slot_ends_its_sandbox_even_one_that_ignores_sigterm(
+    slots: Slots, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sandbox leads its own session, so it is no longer in the task's process group:
+    a local stop must still end it (and what it started), as a container's end would."""
+    token = f"sandbox-{os.getpid()}-{id(slots)}"
+    # Both shells carry the token in their command lines, and both ignore SIGTERM.
+    child = f"trap '' TERM; sleep 600 & wait # {token}"
+    stubborn = f"trap '' TERM; sh -c \"{child}\" & while :; do sleep 1; done # {token}"
+    monkeypatch.setenv("SEEDKEEPER_SANDBOX_COMMAND", json.dumps(["sh", "-c", stubborn]))
+    status, answer = slots.seed(slots.body(None, slot="cold"))
+    assert status == 200, answer
+    wait_for(lambda: len(running_with(token)) >= 2, "the sandbox and its child")
+
+    slots.runtime.stop(answer["incarnation"], grace=1)
+
+    assert running_with(token) == []
 
 
 # A process of the slot user that keeps a secret in its environment, made undumpable or

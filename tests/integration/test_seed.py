@@ -25,10 +25,11 @@ from seedkeeper.plan import SlotPlan
 from seedkeeper.r2 import R2Settings, backup_key
 from seedkeeper.record import SeedFailed, State, Supported
 from seedkeeper.runtime import RuntimeSettings, TaskStatus
+from seedkeeper.sandbox import STATE_DIR
 from seedkeeper.seeding import SeedSettings
 from seedkeeper.snapshot_store import SnapshotStore
 from seedkeeper.snapshots import Archive, NewSnapshot
-from seedkeeper.task import CHECKOUT, MARKER, STATE_DIR, SlotTask, TaskSettings
+from seedkeeper.task import CHECKOUT, MARKER, SlotTask, TaskSettings
 from slots import (
     ORIGIN,
     Slots,

@@ -19,7 +19,8 @@ from repos import git, tree
 from seedkeeper import transitions
 from seedkeeper.record import State
 from seedkeeper.restore.download import plan_ranges
-from seedkeeper.task import CHECKOUT, MARKER, STATE_DIR, Marker, TaskSettings
+from seedkeeper.sandbox import STATE_DIR
+from seedkeeper.task import CHECKOUT, MARKER, Marker, TaskSettings
 from slots import Slots, TamperingProxy, assert_no_half_tree, verdict, wait_for
 
 # TASK_BLOCK_AT "<profile event>:<qualified name>" of a seedkeeper function: the task's main
