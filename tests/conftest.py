@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import os
+import secrets
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import boto3
 import pytest
@@ -16,7 +18,9 @@ from repos import make_repository
 from seedkeeper.config import StoreSettings, snapshots
 from seedkeeper.infra import create_table, load_template
 from seedkeeper.lifecycle import Lifecycle
+from seedkeeper.local.gateway import LocalCredentials
 from seedkeeper.local.motoserver import AtomicMotoServer
+from seedkeeper.local.stack import LocalStack
 from seedkeeper.r2 import R2, R2Settings
 from seedkeeper.rotation import Snapshots
 from seedkeeper.runtime import LocalRuntime
@@ -147,3 +151,19 @@ def deps(tmp_path: Path) -> Path:
     (folder / "left-pad").mkdir(parents=True)
     (folder / "left-pad" / "index.js").write_text("module.exports = 1\n")
     return folder
+
+
+@contextmanager
+def running_local_stack(tmp_path: Path, **settings: Any) -> Iterator[LocalStack]:
+    """`seedkeeper local` on a free port, with fresh gateway credentials; stopped after."""
+    local = LocalStack(
+        data_dir=tmp_path / "data",
+        port=0,
+        credentials=LocalCredentials("local-test", secrets.token_hex(16)),
+        sweep_interval=3600,
+        **settings,
+    ).start()
+    try:
+        yield local
+    finally:
+        local.stop()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import running_local_stack
 from seedkeeper.local.stack import LocalStack
 
 LEAKS = re.compile(
@@ -37,3 +38,9 @@ def no_secret_in_any_log(
     if isinstance(stack, LocalStack):
         assert stack.credentials.secret_key not in text
         assert stack.store_credentials.secret_key not in text
+
+
+@pytest.fixture
+def stack(tmp_path: Path, aws_credentials: None) -> Iterator[LocalStack]:
+    with running_local_stack(tmp_path) as local:
+        yield local

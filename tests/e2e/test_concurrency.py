@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import secrets
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -16,7 +15,6 @@ from botocore.credentials import Credentials
 from repos import make_repository
 from seedkeeper.client import SeedAnswer, SeedkeeperClient, SeedkeeperRefused
 from seedkeeper.config import StoreSettings
-from seedkeeper.local.gateway import LocalCredentials
 from seedkeeper.local.stack import LocalStack
 from seedkeeper.models import OwnerClaim, SeedIdentity
 from seedkeeper.publish import backup_id_for, head_of, upload_archive
@@ -28,17 +26,6 @@ from seedkeeper.snapshots import NewSnapshot
 CALLERS = 50
 ORIGIN = "https://git.example.com/acme/widgets.git"
 T = TypeVar("T")
-
-
-@pytest.fixture
-def stack(tmp_path: Path, aws_credentials: None) -> Iterator[LocalStack]:
-    credentials = LocalCredentials("concurrency", secrets.token_hex(16))
-    local = LocalStack(
-        data_dir=tmp_path / "data", port=0, credentials=credentials, sweep_interval=3600
-    )
-    local.start()
-    yield local
-    local.stop()
 
 
 @pytest.fixture

@@ -11,17 +11,15 @@ import hashlib
 import json
 import secrets
 import socket
-from collections.abc import Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
-from pathlib import Path
 
 import pytest
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from seedkeeper.local.gateway import REQUEST_TIMEOUT, FunctionUrlGateway, LocalCredentials
+from seedkeeper.local.gateway import REQUEST_TIMEOUT, FunctionUrlGateway
 from seedkeeper.local.stack import REGION, LocalStack
 
 READ_TIMEOUT = REQUEST_TIMEOUT + 5  # the gateway answers a stalled request before this
@@ -39,19 +37,6 @@ class Answer:
     def message(self) -> object:
         assert self.headers.get("content-type") == "application/json", self
         return json.loads(self.body)["message"]
-
-
-@pytest.fixture
-def stack(tmp_path: Path, aws_credentials: None) -> Iterator[LocalStack]:
-    local = LocalStack(
-        data_dir=tmp_path / "data",
-        port=0,
-        credentials=LocalCredentials("refusals-key", secrets.token_hex(16)),
-        sweep_interval=3600,
-    )
-    local.start()
-    yield local
-    local.stop()
 
 
 def address(url: str) -> tuple[str, int]:

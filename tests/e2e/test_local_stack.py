@@ -4,7 +4,6 @@ function-URL gateway to the real handlers, real slot processes, moto for DynamoD
 from __future__ import annotations
 
 import json
-import secrets
 import time
 import urllib.error
 import urllib.request
@@ -16,9 +15,9 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from conftest import running_local_stack
 from repos import git, make_repository
 from seedkeeper.client import ClaimNotEchoed, SeedkeeperClient, SeedkeeperRefused
-from seedkeeper.local.gateway import LocalCredentials
 from seedkeeper.local.stack import LocalStack
 from seedkeeper.models import OwnerClaim, SeedIdentity
 from seedkeeper.publish import backup_id_for, head_of, upload_archive
@@ -33,17 +32,8 @@ ORIGIN = "https://git.example.com/acme/widgets.git"
 
 @pytest.fixture
 def stack(tmp_path: Path, aws_credentials: None) -> Iterator[LocalStack]:
-    credentials = LocalCredentials("e2e-access-key", secrets.token_hex(16))
-    local = LocalStack(
-        data_dir=tmp_path / "data",
-        port=0,
-        credentials=credentials,
-        sweep_interval=3600,
-        idle_window=2,
-    )
-    local.start()
-    yield local
-    local.stop()
+    with running_local_stack(tmp_path, idle_window=2) as local:
+        yield local
 
 
 @pytest.fixture

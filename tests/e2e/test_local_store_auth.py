@@ -13,7 +13,6 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,7 +28,6 @@ from botocore.credentials import Credentials
 from builders import stored_in
 from seedkeeper.config import StoreSettings
 from seedkeeper.lifecycle import Lifecycle
-from seedkeeper.local.gateway import LocalCredentials
 from seedkeeper.local.stack import REGION, LocalStack
 from seedkeeper.r2 import R2, R2Settings, backup_key
 from seedkeeper.record import State, slot_key
@@ -72,19 +70,6 @@ class Store:
             for entry in listing
         }
         return sorted(items, key=lambda item: (str(item["PK"]), str(item["SK"]))), objects
-
-
-@pytest.fixture
-def stack(tmp_path: Path, aws_credentials: None) -> Iterator[LocalStack]:
-    local = LocalStack(
-        data_dir=tmp_path / "data",
-        port=0,
-        credentials=LocalCredentials("store-auth-key", secrets.token_hex(16)),
-        sweep_interval=3600,
-    )
-    local.start()
-    yield local
-    local.stop()
 
 
 @pytest.fixture

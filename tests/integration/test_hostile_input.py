@@ -13,7 +13,6 @@ import base64
 import copy
 import itertools
 import json
-import secrets
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -27,10 +26,10 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from pydantic import BaseModel
 
-from conftest import Stack
+from conftest import Stack, running_local_stack
 from functions import Context, event, invoke, load_function
 from seedkeeper.config import StoreSettings
-from seedkeeper.local.gateway import MAX_BODY, LocalCredentials
+from seedkeeper.local.gateway import MAX_BODY
 from seedkeeper.local.stack import LocalStack
 from seedkeeper.r2 import backup_key
 from seedkeeper.receipts import EvidenceRequest, ReceiptRequest
@@ -570,15 +569,8 @@ def test_a_path_no_route_serves_is_a_404_and_head_is_get_without_a_body(
 
 @pytest.fixture
 def local_stack(tmp_path: Path, aws_credentials: None) -> Iterator[LocalStack]:
-    local = LocalStack(
-        data_dir=tmp_path / "data",
-        port=0,
-        credentials=LocalCredentials("hostile-key", secrets.token_hex(16)),
-        sweep_interval=3600,
-    )
-    local.start()
-    yield local
-    local.stop()
+    with running_local_stack(tmp_path) as local:
+        yield local
 
 
 def send(stack: LocalStack, method: str, path: str, body: bytes, content_type: str) -> int:
