@@ -8,6 +8,7 @@ by the RunTask client token, the local runtime by the incarnation file it keeps.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -23,13 +24,13 @@ from typing import TYPE_CHECKING, Annotated, Literal, Protocol
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.observability import logger
 from seedkeeper.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.sandbox import end_session, let_slot_user_reach
+from seedkeeper.sandbox import end_user_processes, let_slot_user_reach
 
 if TYPE_CHECKING:
     from mypy_boto3_ecs import ECSClient
@@ -51,7 +52,9 @@ class SlotRuntime(Protocol):
     def stop(self, incarnation: str) -> None: ...
 
 
-NOBODY = 65534
+# The first uid of the local slot users: one uid (and group) per slot, far above any
+# account's, so no two slots, and no person, ever share one.
+SLOT_UIDS_FROM = 1_000_000
 
 # What an ECS slot task is given (template.yaml's SlotTaskDefinition, the image's ENV, what
 # ECS sets), read from the local stack's environment: the store's keys stand in for the
@@ -99,10 +102,10 @@ class RuntimeSettings(BaseSettings):
     assign_public_ip: bool = False
     # local
     data_dir: Path = Path(".seedkeeper")
-    # Who a root local runtime's sandboxes run as (the ECS image's is uid 1000); an
-    # unprivileged one cannot drop, so its tasks run them as itself and say so.
-    local_slot_uid: int = NOBODY
-    local_slot_gid: int = NOBODY
+    # Where a root local runtime's slot users start: each slot gets its own uid from here
+    # (the ECS image's one slot user per task is uid 1000). An unprivileged runtime cannot
+    # drop, so its tasks run their sandboxes as itself and say so.
+    local_slot_uids_from: Annotated[int, Field(ge=1000, le=4_000_000_000)] = SLOT_UIDS_FROM
     # More variables for local tasks, by name (JSON list): test hooks, a debugger's.
     local_task_passthrough: Annotated[tuple[str, ...], AfterValidator(_not_a_credential)] = ()
 
@@ -111,8 +114,7 @@ def runtime_from(settings: RuntimeSettings) -> SlotRuntime:
     if settings.runtime == "local":
         return LocalRuntime(
             settings.data_dir,
-            slot_uid=settings.local_slot_uid,
-            slot_gid=settings.local_slot_gid,
+            slot_uids_from=settings.local_slot_uids_from,
             passthrough=settings.local_task_passthrough,
         )
     if not (settings.cluster and settings.task_definition and settings.subnets):
@@ -205,22 +207,22 @@ class LocalRuntime:
     from another process or after a restart of the caller.
 
     A task gets what an ECS task gets (LOCAL_TASK_ENVIRONMENT) and, when this process is
-    root, the slot user to drop to. Every local slot shares that one user, so a sandbox can
-    reach another slot's checkout by path: only a uid per slot would keep them apart. What
-    it cannot do is list the slots, or read a task's log or record."""
+    root, the slot user to drop to: a uid (and group) of the slot's own, recorded beside its
+    workspace, so one slot's sandbox can neither write another's tree nor outlive its stop
+    (every process of that uid is ended with the task). A sandbox cannot list the slots, or
+    read a task's log or record."""
 
     def __init__(
         self,
         data_dir: Path,
         command: tuple[str, ...] = (),
         *,
-        slot_uid: int = NOBODY,
-        slot_gid: int = NOBODY,
+        slot_uids_from: int = SLOT_UIDS_FROM,
         passthrough: tuple[str, ...] = (),
     ) -> None:
         self._root = data_dir.resolve() / "slots"
         self._command = command or (sys.executable, "-m", "seedkeeper.task")
-        self._slot_user = (slot_uid, slot_gid)
+        self._slot_uids_from = slot_uids_from
         self._passthrough = _not_a_credential(passthrough)
 
     def workspace(self, slot: str) -> Path:
@@ -253,6 +255,27 @@ class LocalRuntime:
         record.write_text(json.dumps({"pid": process.pid, "started": _start_time(process.pid)}))
         return incarnation
 
+    def slot_uid(self, slot: str) -> int | None:
+        """The uid (and gid) of the slot's own user, once a root runtime gave it one."""
+        try:
+            return int((self._root / slot / "uid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _allocate_slot_uid(self, slot: str) -> int:
+        """The slot's uid: the one it has, else the next never given, under a lock shared
+        by every runtime on this data directory (the gateway's handlers, a CLI)."""
+        given = self.slot_uid(slot)
+        if given is not None:
+            return given
+        with (self._root / ".uids.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            counter = self._root / ".next-uid"
+            uid = int(counter.read_text()) if counter.exists() else self._slot_uids_from
+            counter.write_text(str(uid + 1))
+            (self._root / slot / "uid").write_text(str(uid))
+        return uid
+
     def _environment(self, plan: SlotPlan, incarnation: str, workspace: Path) -> dict[str, str]:
         names = (*LOCAL_TASK_ENVIRONMENT, *self._passthrough)
         environment = {name: os.environ[name] for name in names if name in os.environ}
@@ -262,8 +285,8 @@ class LocalRuntime:
             "SEEDKEEPER_INCARNATION": incarnation,
         }
         if os.geteuid() == 0:
-            uid, gid = self._slot_user
-            environment |= {"SEEDKEEPER_SLOT_UID": str(uid), "SEEDKEEPER_SLOT_GID": str(gid)}
+            uid = str(self._allocate_slot_uid(plan.slot))
+            environment |= {"SEEDKEEPER_SLOT_UID": uid, "SEEDKEEPER_SLOT_GID": uid}
         return environment
 
     def status(self, incarnation: str) -> TaskStatus:
@@ -275,14 +298,16 @@ class LocalRuntime:
 
     def stop(self, incarnation: str, grace: float = 5.0) -> None:
         """SIGTERM to the task's process group, SIGKILL after `grace` seconds; returns once
-        no process of the group is left (the task's children included), nor of the sandbox's
-        own session."""
+        no process of the group is left (the task's children included), nor of the slot's
+        own user (the sandbox leads its own session, and may have left it)."""
         process = self._process(incarnation)
         if process is None:
             return
         if self.status(incarnation) is TaskStatus.RUNNING:
             self._end_group(process, grace)
-        end_session(self.workspace(incarnation.split(":")[1]))
+        uid = self.slot_uid(incarnation.split(":")[1])
+        if uid is not None and os.geteuid() == 0:
+            end_user_processes(uid)  # a container's end would end them all
 
     def _end_group(self, process: _Process, grace: float) -> None:
         for sent, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):

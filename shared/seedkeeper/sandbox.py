@@ -9,23 +9,22 @@ makes itself undumpable, so its /proc entries (environ, mem) are closed to the s
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import shutil
 import signal
 import stat
 import subprocess
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from seedkeeper.slot_user import SlotUser
 
-# The supervisor's folder in a workspace (root's: the sandbox cannot write it), and its record
-# of the sandbox's session there, so a local runtime can end what the sandbox left running.
+# The supervisor's folder in a workspace: root's, searchable only (the marker is root's too).
 STATE_DIR = ".seedkeeper"
-SESSION_RECORD = "sandbox.json"
-_KILL_ROUNDS = 50  # a session forking while it is killed needs a few rounds, never unbounded
+_LINE = 4096  # bytes of sandbox output per logged line
+_KILL_ROUNDS = 50  # a user forking while it is killed needs a few rounds, never unbounded
 
 # Taken from the supervisor's environment when set; nothing else ever is.
 SANDBOX_ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "TERM", "TZ")
@@ -70,9 +69,26 @@ def start(
         cwd=cwd,
         env=sandbox_environment(os.environ, home),
         stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,  # relayed (`relay_output`), never the supervisor's own log
+        stderr=subprocess.STDOUT,
         start_new_session=True,
         **dropped,
     )
+
+
+def relay_output(process: subprocess.Popen[bytes], log: Callable[[str], None]) -> threading.Thread:
+    """The sandbox's output handed to `log` line by line (at most _LINE bytes each), for the
+    supervisor to log as a field of its own events: whatever the sandbox prints, it never
+    writes a line of the supervisor's log itself."""
+
+    def pump() -> None:
+        assert process.stdout is not None
+        while line := process.stdout.readline(_LINE):
+            log(line.decode(errors="replace").rstrip("\n"))
+
+    relay = threading.Thread(target=pump, name="sandbox-output", daemon=True)
+    relay.start()
+    return relay
 
 
 def end(process: subprocess.Popen[bytes], grace: float = 10.0) -> int:
@@ -103,54 +119,36 @@ def let_slot_user_reach(folder: Path) -> list[Path]:
     return changed
 
 
-def record_session(
-    workspace: Path, process: subprocess.Popen[bytes], user: SlotUser | None
-) -> None:
-    """Where the sandbox's session can be found once the supervisor is gone: its leader's
-    pid is the session id, and only processes of the sandbox's user are ever ended."""
-    state = workspace / STATE_DIR
-    state.mkdir(mode=0o755, exist_ok=True)
-    uid = user.uid if user is not None else os.getuid()
-    staged = state / f".{SESSION_RECORD}.tmp"
-    staged.write_text(json.dumps({"session": process.pid, "uid": uid}))
-    staged.replace(state / SESSION_RECORD)
-
-
-def end_session(workspace: Path) -> None:
-    """SIGKILL every process left in the recorded sandbox session that runs as the sandbox's
-    user (read from /proc/<pid>/status: an undumpable process's /proc folder looks root's),
-    until none is left. The sandbox leads its own session, so ending the task's process
-    group leaves it running; a container's end would not."""
-    record = workspace / STATE_DIR / SESSION_RECORD
-    try:
-        fields = json.loads(record.read_text())
-        session, uid = int(fields["session"]), int(fields["uid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return
+def end_user_processes(uid: int) -> None:
+    """SIGKILL every process whose real uid is the slot user's, until none is left. The
+    slot user is one slot's alone, so this ends whatever its sandbox left running, however
+    it left the sandbox's session (a container's end would end it too), and guarantees no
+    process of that user runs while the supervisor works in its tree. Real uid, read from
+    /proc/<pid>/status: an undumpable process's /proc folder looks root's, and a setuid
+    program run by the slot user keeps the slot user as its real uid."""
+    if uid in (0, os.getuid()):
+        raise ValueError("the slot user must be neither root nor the supervisor's user")
     for _ in range(_KILL_ROUNDS):
-        members = _session_members(session, uid)
+        members = _processes_of(uid)
         if not members:
-            break
+            return
         for pid in members:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 continue
         time.sleep(0.02)
-    record.unlink(missing_ok=True)
 
 
-def _session_members(session: int, uid: int) -> list[int]:
-    members = []
+def _processes_of(uid: int) -> list[int]:
+    found = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             status = (entry / "status").read_text()
         except OSError:
             continue
-        real_uid = next(
-            (line.split()[1] for line in status.splitlines() if line.startswith("Uid:")), ""
-        )
-        if fields[0] != "Z" and int(fields[3]) == session and real_uid == str(uid):
-            members.append(int(entry.name))
-    return members
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        real_uid = fields.get("Uid", "").split()[:1]
+        if real_uid == [str(uid)] and not fields.get("State", "").strip().startswith("Z"):
+            found.append(int(entry.name))
+    return found

@@ -35,14 +35,21 @@ from seedkeeper.observability import logger
 from seedkeeper.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.record import FailureReason, SeedFailed, SeedSucceeded, State, Supported
 from seedkeeper.restore.download import DownloadFailed, download
-from seedkeeper.restore.extract import ExtractFailed, UnsafeArchive, extract, sweep_staging
+from seedkeeper.restore.extract import (
+    ExtractFailed,
+    UnsafeArchive,
+    check_tree,
+    extract,
+    sweep_staging,
+)
 from seedkeeper.restore.repository import SafeGit, UnsafeRepository, empty_home, make_safe
 from seedkeeper.sandbox import (
     STATE_DIR,
     end,
+    end_user_processes,
     fresh_home,
     make_undumpable,
-    record_session,
+    relay_output,
     start,
 )
 from seedkeeper.slot_user import SlotUser, slot_user
@@ -181,6 +188,9 @@ class SlotTask:
         assert plan.checkout is not None
         downloads = self.state_dir / "downloads"
         downloads.mkdir(parents=True, exist_ok=True)
+        # Searchable, not listable: the slot user's unsquashfs opens an archive by its name.
+        for folder in (self.state_dir, downloads):
+            folder.chmod(0o711)
         deadline = time.monotonic() + self.settings.restore_timeout
         with self._step("download"):
             checkout, deps = self._recorded_archives(seed)
@@ -198,6 +208,7 @@ class SlotTask:
                 self._extract(deps_archive, deps_target)
         with self._step("fixup"):
             head = self._fix_up(seed)
+            self._check_whole_checkout()
         with self._step("marker"):
             self._write_marker(seed, head)
         return head
@@ -252,6 +263,17 @@ class SlotTask:
         except OSError as failed:
             raise StepFailed("extract", "seed-failed", f"deps path: {failed.strerror}") from failed
 
+    def _check_whole_checkout(self) -> None:
+        """Each archive was checked against its own root; the checkout and the deps tree
+        inside it are checked together (a link in one may climb through a link in the
+        other), after git has written the seed's commit."""
+        user = self.settings.slot_user()
+        owner = (os.geteuid(), os.getegid()) if user is None else (user.uid, user.gid)
+        try:
+            check_tree(self.checkout, owner)
+        except UnsafeArchive as unsafe:
+            raise StepFailed("fixup", "unsafe-archive", str(unsafe)) from unsafe
+
     def _fix_up(self, seed: SeedIdentity) -> str:
         """The archive's `.git` is data: check it and replace its config before git runs
         at all, then git runs hardened, as the slot user, on that repository only."""
@@ -305,6 +327,7 @@ class SlotTask:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         staged = self.state_dir / f".{MARKER}.tmp"
         staged.write_text(marker.model_dump_json())
+        staged.chmod(0o600)  # the supervisor's: it names the owner's claim
         staged.replace(self.state_dir / MARKER)
 
     def _marker(self) -> Marker | None:
@@ -365,11 +388,16 @@ class SlotTask:
         except OSError as unstartable:
             logger.warning("sandbox not started", why=type(unstartable).__name__)
             return 127  # as a shell answers a command it cannot run
-        record_session(self.workspace, process, user)
-        while process.poll() is None:
-            if self.stop.wait(0.2):
-                return end(process)
-        return process.returncode
+        relay = relay_output(process, lambda line: logger.info("sandbox output", line=line))
+        try:
+            while process.poll() is None:
+                if self.stop.wait(0.2):
+                    return end(process)
+            return process.returncode
+        finally:
+            if user is not None:
+                end_user_processes(user.uid)  # what left its session ends with it
+            relay.join(timeout=2)
 
 
 def main() -> int:
@@ -381,6 +409,11 @@ def main() -> int:
         signal.signal(stopping, lambda *_: stop.set())
     plan = SlotPlan.from_env(os.environ.pop(PLAN_VARIABLE))
     settings = TaskSettings()
+    user = settings.slot_user()
+    if user is not None:
+        # The slot user is this slot's alone: nothing an earlier attempt's sandbox left may
+        # run while the supervisor, as root, works in the tree that user owns.
+        end_user_processes(user.uid)
     table = StoreSettings().table_resource()
     task = SlotTask(plan, settings, Lifecycle(table), SnapshotStore(table), stop)
     logger.append_keys(slot=plan.slot, attempt=plan.attempt, incarnation=settings.incarnation)

@@ -160,7 +160,8 @@ def test_a_local_task_gets_what_an_ecs_task_gets_and_no_r2_key(
     added = {PLAN_VARIABLE, "SEEDKEEPER_WORKSPACE", "SEEDKEEPER_INCARNATION", "TASK_HOOK"}
     if os.geteuid() == 0:
         added |= {"SEEDKEEPER_SLOT_UID", "SEEDKEEPER_SLOT_GID"}
-        assert (given["SEEDKEEPER_SLOT_UID"], given["SEEDKEEPER_SLOT_GID"]) == ("65534", "65534")
+        own = str(local.slot_uid("slot-1"))
+        assert (given["SEEDKEEPER_SLOT_UID"], given["SEEDKEEPER_SLOT_GID"]) == (own, own)
     assert set(given) <= set(LOCAL_TASK_ENVIRONMENT) | added
     # Another slot's user can list neither the slots nor a slot's folder, nor read its log.
     slot_folder = local.workspace("slot-1").parent

@@ -18,12 +18,13 @@ import pytest
 
 import seedkeeper
 from repos import git
+from seedkeeper.plan import SlotPlan
 from seedkeeper.record import slot_key
 from seedkeeper.sandbox import STATE_DIR
 from seedkeeper.task import CHECKOUT, MARKER
 from slots import Slots, record_archive, wait_for
 
-NOBODY = 65534  # the slot user a root local runtime hands its tasks
+NOBODY = 65534  # a user that is no slot's, for processes this test starts itself
 # The probe runs as the slot user, who may not reach this virtualenv's interpreter (under
 # root's home); it borrows boto3 from the virtualenv's site-packages.
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -68,6 +69,8 @@ workspace = os.path.dirname(os.getcwd())
 attempt("planted_in_workspace", lambda: open(os.path.join(workspace, "canary"), "x").close())
 marker = os.path.join(workspace, ".seedkeeper", "seed.json")
 attempt("marker_rewritten", lambda: open(marker, "w").close())
+attempt("marker_read", lambda: open(marker).read())
+attempt("slots_listed", lambda: os.listdir(os.path.dirname(os.path.dirname(workspace))))
 def hijack():
     # Another slot's record, with whatever this environment names.
     table_name = os.environ["SEEDKEEPER_TABLE"]
@@ -120,7 +123,10 @@ def test_the_sandbox_finds_no_secret_and_reaches_nothing_it_does_not_own(
     found = probe(slots, "slot-1")
 
     workspace = slots.workspace()
-    assert (found["uid"], found["euid"], found["gid"]) == (NOBODY, NOBODY, NOBODY)
+    own = slots.runtime.slot_uid("slot-1")
+    assert own is not None
+    assert own != slots.runtime.slot_uid("other")  # every slot has a user of its own
+    assert (found["uid"], found["euid"], found["gid"]) == (own, own, own)
     assert found["groups"] == []
     assert found["session_leader"] is True
     assert found["cwd"] == str(workspace / CHECKOUT)
@@ -128,7 +134,7 @@ def test_the_sandbox_finds_no_secret_and_reaches_nothing_it_does_not_own(
     assert set(environment) <= {"PATH", "HOME", "LANG", "LC_ALL", "TERM", "TZ"}, environment
     home = Path(environment["HOME"])
     assert home.is_dir()
-    assert home.stat().st_uid == NOBODY
+    assert home.stat().st_uid == own
     text = json.dumps(environment)
     secrets = [*PLANTED.values(), "X-Amz-Signature", slots.stack.endpoint, "testing"]
     assert not [secret for secret in secrets if secret in text]
@@ -136,6 +142,8 @@ def test_the_sandbox_finds_no_secret_and_reaches_nothing_it_does_not_own(
     assert found["supervisor_mem"] == "PermissionError"
     assert found["planted_in_workspace"] == "PermissionError"
     assert found["marker_rewritten"] == "PermissionError"
+    assert found["marker_read"] == "PermissionError"  # it names the owner's claim
+    assert found["slots_listed"] == "PermissionError"
     assert found["other_record"] == "KeyError"  # no table, no endpoint, no credentials
     assert not (workspace / "canary").exists()
     assert (workspace / STATE_DIR / MARKER).read_text() == marker
@@ -172,7 +180,8 @@ def test_restored_files_belong_to_the_slot_user_without_setuid_or_setgid(
 
     checkout = slots.workspace() / CHECKOUT
     entries = [checkout, *checkout.rglob("*")]
-    assert {(path.lstat().st_uid, path.lstat().st_gid) for path in entries} == {(NOBODY, NOBODY)}
+    own = slots.runtime.slot_uid("slot-1")
+    assert {(path.lstat().st_uid, path.lstat().st_gid) for path in entries} == {(own, own)}
     assert not [p for p in entries if p.lstat().st_mode & (stat.S_ISUID | stat.S_ISGID)]
     assert (checkout / "src" / "tool.sh").stat().st_mode & 0o111
 
@@ -187,7 +196,8 @@ def test_a_nested_deps_path_is_the_slot_users_too(
     checkout = slots.workspace() / CHECKOUT
     assert (checkout / "vendor/js/node_modules/left-pad/index.js").is_file()
     entries = [checkout, *checkout.rglob("*")]
-    assert {(path.lstat().st_uid, path.lstat().st_gid) for path in entries} == {(NOBODY, NOBODY)}
+    own = slots.runtime.slot_uid("slot-1")
+    assert {(path.lstat().st_uid, path.lstat().st_gid) for path in entries} == {(own, own)}
 
 
 def running_with(token: str) -> list[int]:
@@ -204,23 +214,67 @@ def running_with(token: str) -> list[int]:
     return found
 
 
-def test_stopping_a_slot_ends_its_sandbox_even_one_that_ignores_sigterm(
+def stubborn_sandbox(token: str) -> list[str]:
+    """A sandbox that ignores SIGTERM, starts a child that ignores it too, and a grandchild
+    that leaves the sandbox's session (setsid); each carries `token` in its command line."""
+    child = f"trap '' TERM; sleep 600 & wait # {token}"
+    escaped = f"setsid sh -c 'sleep 600 & wait # {token}-escaped' &"
+    script = f"trap '' TERM; {escaped} sh -c \"{child}\" & while :; do sleep 1; done # {token}"
+    return ["sh", "-c", script]
+
+
+def test_stopping_a_slot_ends_everything_its_sandbox_started(
     slots: Slots, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The sandbox leads its own session, so it is no longer in the task's process group:
-    a local stop must still end it (and what it started), as a container's end would."""
+    """The sandbox leads its own session and may leave it: a local stop must still end all
+    of it, as a container's end would. The slot's user is its own, so that is every process
+    of that user."""
     token = f"sandbox-{os.getpid()}-{id(slots)}"
-    # Both shells carry the token in their command lines, and both ignore SIGTERM.
-    child = f"trap '' TERM; sleep 600 & wait # {token}"
-    stubborn = f"trap '' TERM; sh -c \"{child}\" & while :; do sleep 1; done # {token}"
-    monkeypatch.setenv("SEEDKEEPER_SANDBOX_COMMAND", json.dumps(["sh", "-c", stubborn]))
+    monkeypatch.setenv("SEEDKEEPER_SANDBOX_COMMAND", json.dumps(stubborn_sandbox(token)))
     status, answer = slots.seed(slots.body(None, slot="cold"))
     assert status == 200, answer
-    wait_for(lambda: len(running_with(token)) >= 2, "the sandbox and its child")
+    wait_for(lambda: len(running_with(token)) >= 3, "the sandbox, its child and the escaped one")
 
     slots.runtime.stop(answer["incarnation"], grace=1)
 
     assert running_with(token) == []
+
+
+def test_nothing_a_lost_task_left_runs_when_the_next_task_of_its_slot_starts(
+    slots: Slots, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task killed outright (a lost host) leaves what escaped its process group running
+    as the slot's user; the slot's next task ends it before it does anything as root in
+    that user's tree (a restore's root writes must never race that user)."""
+    token = f"leftover-{os.getpid()}-{id(slots)}"
+    monkeypatch.setenv("SEEDKEEPER_SANDBOX_COMMAND", json.dumps(stubborn_sandbox(token)))
+    status, answer = slots.seed(slots.body(None, slot="lost"))
+    assert status == 200, answer
+    wait_for(lambda: any(True for _ in running_with(f"{token}-escaped")), "the escaped one")
+    slots.kill(answer["incarnation"])  # the task's process group only, as a lost host
+    assert running_with(f"{token}-escaped")  # the attack: it outlived its task
+
+    monkeypatch.delenv("SEEDKEEPER_SANDBOX_COMMAND")
+    record = slots.record("lost")
+    again = SlotPlan(slot="lost", attempt=2, op=record.window.entries[0].ref)
+    slots.runtime.launch(again)
+
+    wait_for(lambda: running_with(token) == [], "the slot's next task to end the leftovers")
+
+
+def test_the_sandbox_cannot_write_a_line_of_the_supervisors_log(
+    slots: Slots, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forged = json.dumps({"level": "INFO", "message": "restore settled", "forged": True})
+    command = ["sh", "-c", f"echo '{forged}'; sleep 600"]
+    monkeypatch.setenv("SEEDKEEPER_SANDBOX_COMMAND", json.dumps(command))
+    assert slots.seed(slots.body(None, slot="printer"))[0] == 200
+    wait_for(lambda: "forged" in slots.log("printer"), "the sandbox's output")
+
+    events = [json.loads(line) for line in slots.log("printer").splitlines() if line.strip()]
+    assert not [event for event in events if "forged" in event]
+    relayed = [event for event in events if event["message"] == "sandbox output"]
+    assert [json.loads(event["line"]) for event in relayed] == [json.loads(forged)]
 
 
 # A process of the slot user that keeps a secret in its environment, made undumpable or

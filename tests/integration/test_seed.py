@@ -168,6 +168,21 @@ def test_a_backup_id_no_generation_names_is_seed_missing_with_no_effect(
     assert not slots.workspace().parent.exists() or slots.attempts() == []
 
 
+def test_links_that_escape_only_together_across_checkout_and_deps_are_an_unsafe_archive(
+    slots: Slots, repo: Path, deps: Path
+) -> None:
+    """Each archive is checked against its own root, where each link stays inside; in the
+    restored checkout the deps tree sits under node_modules, and `a` climbs through the
+    deps tree's `L -> .` up to `/`. The whole checkout is checked once more."""
+    depth = 14
+    (repo / "a").symlink_to("node_modules/" + "L/" * depth + "../" * (depth + 1))
+    (deps / "L").symlink_to(".")
+    seed = slots.publish(repo, deps)
+    _, answer = slots.settle(slots.body(seed))
+    assert verdict(answer) == (False, "unsafe-archive", "fixup"), slots.log("slot-1")
+    assert_no_half_tree(slots, "slot-1")
+
+
 def test_a_corrupted_archive_fails_at_verify_with_no_half_tree(
     slots: Slots, repo: Path, tmp_path: Path
 ) -> None:
