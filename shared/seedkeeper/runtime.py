@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import grp
 import hashlib
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -272,6 +274,8 @@ class LocalRuntime:
             fcntl.flock(lock, fcntl.LOCK_EX)
             counter = self._root / ".next-uid"
             uid = int(counter.read_text()) if counter.exists() else self._slot_uids_from
+            while _is_an_account(uid):  # never a person's or a service's: its processes end
+                uid += 1
             counter.write_text(str(uid + 1))
             (self._root / slot / "uid").write_text(str(uid))
         return uid
@@ -342,6 +346,18 @@ class LocalRuntime:
             return None
         fields = json.loads(record.read_text())
         return _Process(pid=int(fields["pid"]), started=str(fields["started"]))
+
+
+def _is_an_account(uid: int) -> bool:
+    """Whether the uid, or the group of that number, names an account on this machine
+    (a directory service's included)."""
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(uid)
+        except KeyError:
+            continue
+        return True
+    return False
 
 
 def _start_time(pid: int) -> str:

@@ -38,7 +38,7 @@ from seedkeeper.restore.download import DownloadFailed, download
 from seedkeeper.restore.extract import (
     ExtractFailed,
     UnsafeArchive,
-    check_tree,
+    check_links,
     extract,
     sweep_staging,
 )
@@ -267,10 +267,8 @@ class SlotTask:
         """Each archive was checked against its own root; the checkout and the deps tree
         inside it are checked together (a link in one may climb through a link in the
         other), after git has written the seed's commit."""
-        user = self.settings.slot_user()
-        owner = (os.geteuid(), os.getegid()) if user is None else (user.uid, user.gid)
         try:
-            check_tree(self.checkout, owner)
+            check_links(self.checkout)
         except UnsafeArchive as unsafe:
             raise StepFailed("fixup", "unsafe-archive", str(unsafe)) from unsafe
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import stat
 import sys
 import time
@@ -253,3 +254,20 @@ def test_started_by_is_the_slot_when_it_fits() -> None:
     assert started_by("slot-1") == "slot-1"
     assert started_by("a" * 37) != "a" * 37
     assert started_by("a" * 37) == started_by("a" * 37)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="slot users are given by a root runtime only")
+def test_a_slot_user_is_never_an_account_of_this_machine(tmp_path: Path) -> None:
+    """Every process of a slot's user is ended with its task: that user must be no one
+    else. A range that starts at an account's uid (65534 is `nobody`) skips it."""
+    assert pwd.getpwuid(65534)
+    local = LocalRuntime(
+        tmp_path / "data", command=(sys.executable, "-c", FAKE_TASK), slot_uids_from=65534
+    )
+    incarnation = local.launch(plan())
+    local.stop(incarnation)
+    given = local.slot_uid("slot-1")
+    assert given is not None
+    assert given > 65534
+    with pytest.raises(KeyError):
+        pwd.getpwuid(given)
