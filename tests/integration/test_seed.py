@@ -154,18 +154,7 @@ def test_a_backup_id_no_generation_names_is_seed_missing_with_no_effect(
     slots: Slots, repo: Path
 ) -> None:
     seed = slots.publish(repo) | {"checkout_backup_id": "widgets-checkout-forged"}
-    presigned: list[str] = []
-    service = seed_service(slots.stack.store, R2Settings(), RuntimeSettings(), SeedSettings())
-    r2_client = service._r2._s3  # type: ignore[union-attr]  # observe presigning
-    r2_client.meta.events.register(
-        "before-sign.s3", lambda **kwargs: presigned.append(kwargs["operation_name"])
-    )
-    status, answer = slots.seed(slots.body(seed))
-    missing = {"seeded": False, "reason": "seed-missing", "step": None, "detail": None}
-    assert (status, answer) == (200, missing)
-    assert presigned == []
-    assert slots.stack.store.lifecycle().read("slot-1").__class__.__name__ == "Absent"
-    assert not slots.workspace().parent.exists() or slots.attempts() == []
+    assert_seed_missing_with_no_effect(slots, seed)
 
 
 def test_links_that_escape_only_together_across_checkout_and_deps_are_an_unsafe_archive(
@@ -415,18 +404,7 @@ def test_a_seed_under_another_ref_than_its_generations_is_seed_missing_with_no_e
     U+0430, a zero-width space) or under another branch name: nothing is recorded, presigned or
     launched, and no checkout ends up on a branch the resident never published."""
     seed = slots.publish(repo) | {"ref": ref}
-    presigned: list[str] = []
-    service = seed_service(slots.stack.store, R2Settings(), RuntimeSettings(), SeedSettings())
-    r2_client = service._r2._s3  # type: ignore[union-attr]  # observe presigning
-    r2_client.meta.events.register(
-        "before-sign.s3", lambda **kwargs: presigned.append(kwargs["operation_name"])
-    )
-    status, answer = slots.seed(slots.body(seed))
-    missing = {"seeded": False, "reason": "seed-missing", "step": None, "detail": None}
-    assert (status, answer) == (200, missing)
-    assert presigned == []
-    assert slots.stack.store.lifecycle().read("slot-1").__class__.__name__ == "Absent"
-    assert not slots.workspace().parent.exists() or slots.attempts() == []
+    assert_seed_missing_with_no_effect(slots, seed)
 
 
 def test_a_born_seed_under_another_ref_settles_seed_missing_in_the_task(
@@ -487,3 +465,19 @@ def assert_the_task_settles_seed_missing_unfetched(
     assert isinstance(result, SeedFailed)
     assert (result.reason, result.step) == ("seed-missing", "download")
     assert not (tmp_path / "workspace" / CHECKOUT).exists()
+
+
+def assert_seed_missing_with_no_effect(slots: Slots, seed: dict[str, Any]) -> None:
+    """`seed-missing`, and nothing presigned, recorded or launched."""
+    presigned: list[str] = []
+    service = seed_service(slots.stack.store, R2Settings(), RuntimeSettings(), SeedSettings())
+    r2_client = service._r2._s3  # type: ignore[union-attr]  # observe presigning
+    r2_client.meta.events.register(
+        "before-sign.s3", lambda **kwargs: presigned.append(kwargs["operation_name"])
+    )
+    status, answer = slots.seed(slots.body(seed))
+    missing = {"seeded": False, "reason": "seed-missing", "step": None, "detail": None}
+    assert (status, answer) == (200, missing)
+    assert presigned == []
+    assert slots.stack.store.lifecycle().read("slot-1").__class__.__name__ == "Absent"
+    assert not slots.workspace().parent.exists() or slots.attempts() == []
