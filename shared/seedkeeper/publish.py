@@ -3,7 +3,8 @@ of its dependency tree, measured, uploaded to R2, then recorded through the rota
 
 A checkout whose repository holds credentials (DESIGN §9) is refused, naming what it holds,
 unless the caller asks to scrub it: then the archive carries a scrubbed copy of
-`.git/config` (and no credentialed FETCH_HEAD) while the checkout itself is left as it is.
+`.git/config` (and no credentialed FETCH_HEAD or legacy remote file) while the checkout
+itself is left as it is.
 A checkout the restore would refuse (a gitfile, `core.worktree`, an include...) is refused
 here first."""
 
@@ -22,12 +23,12 @@ from seedkeeper.clock import epoch_seconds
 from seedkeeper.errors import PublishFailed
 from seedkeeper.r2 import R2, backup_key
 from seedkeeper.restore.repository import (
-    FETCH_HEAD,
     ConfigEntry,
     SafeGit,
     UnsafeRepository,
     check_layout,
     checkout_credentials,
+    credential_files,
     empty_home,
     read_config,
     render_config,
@@ -39,7 +40,7 @@ from seedkeeper.snapshots import Archive, NewSnapshot
 
 # Progress: (archive label, bytes done, bytes in all).
 Progress = Callable[[str, int, int], None]
-# Told what a scrub removed: key names (user-info redacted) and FETCH_HEAD, never a value.
+# Told what a scrub removed: key names (user-info redacted) and files, never a value.
 Scrubbed = Callable[[list[str]], None]
 
 
@@ -74,7 +75,7 @@ def publish(
                 "them, or publish with --scrub-credentials to archive a copy of its "
                 ".git/config without them (the checkout is left as it is)"
             )
-        replaced, excluded = _scrubbed_copy(entries, Path(scratch)) if found else ({}, [])
+        replaced, excluded = _scrubbed_copy(checkout, entries, Path(scratch)) if found else ({}, [])
         if found and scrubbed is not None:
             scrubbed(found)
         checkout_archive = upload_archive(
@@ -114,12 +115,14 @@ def _inspect(git: SafeGit) -> list[ConfigEntry]:
     return entries
 
 
-def _scrubbed_copy(entries: list[ConfigEntry], scratch: Path) -> tuple[dict[str, Path], list[str]]:
-    """A scrubbed `.git/config` in scratch to archive in place of the checkout's, and what
-    to leave out of the archive (a FETCH_HEAD is never needed)."""
+def _scrubbed_copy(
+    checkout: Path, entries: list[ConfigEntry], scratch: Path
+) -> tuple[dict[str, Path], list[str]]:
+    """A scrubbed `.git/config` in scratch to archive in place of the checkout's, and the
+    files beside it to leave out (FETCH_HEAD and legacy remotes: a seed removes them)."""
     config = scratch / "scrubbed.config"
     config.write_text(render_config(without_credentials(entries)))
-    return {".git/config": config}, [f".git/{FETCH_HEAD}"]
+    return {".git/config": config}, [f".git/{name}" for name in credential_files(checkout)]
 
 
 def build_squashfs(

@@ -143,6 +143,8 @@ def plant_credentials(repo: Path) -> None:
     git(repo, "config", "http.https://git.example.com/.extraheader", f"Authorization: {TOKEN}")
     git(repo, "config", "credential.helper", "store")
     (repo / ".git" / "FETCH_HEAD").write_text(f"{'0' * 40}\t\tbranch 'main' of {secret_url}\n")
+    (repo / ".git" / "remotes").mkdir()  # a legacy remote definition, read by git still
+    (repo / ".git" / "remotes" / "mirror").write_text(f"URL: {secret_url}\n")
 
 
 def test_a_checkout_holding_credentials_is_refused_naming_keys_never_values(
@@ -153,7 +155,14 @@ def test_a_checkout_holding_credentials_is_refused_naming_keys_never_values(
     with pytest.raises(PublishFailed, match="--scrub-credentials") as refused:
         publish(resource="widgets", checkout=repo, snapshots=stack.snapshots, r2=stack.r2)
     message = str(refused.value)
-    for key in ("remote.origin.url", "extraheader", "credential.helper", "FETCH_HEAD"):
+    named = (
+        "remote.origin.url",
+        "extraheader",
+        "credential.helper",
+        "FETCH_HEAD",
+        "remotes/mirror",
+    )
+    for key in named:
         assert key in message
     assert TOKEN not in message
     assert not SnapshotStore(stack.table).read("widgets").exists
@@ -182,6 +191,7 @@ def test_scrubbing_archives_a_config_without_credentials_and_leaves_the_checkout
             "http.https://git.example.com/.extraheader",
             "credential.helper",
             "FETCH_HEAD",
+            "remotes/mirror",
         ]
     ]
     assert tree(repo) == before
@@ -195,7 +205,7 @@ def test_scrubbing_archives_a_config_without_credentials_and_leaves_the_checkout
     config = git(restored, "config", "--file", ".git/config", "--list").splitlines()
     assert "remote.origin.url=https://git.example.com/acme/widgets.git" in config
     assert "user.name=Resident" in config  # the rest of the config is kept
-    untouched = {".git/config", ".git/FETCH_HEAD"}
+    untouched = {".git/config", ".git/FETCH_HEAD", ".git/remotes/mirror"}
     expected = {path: entry for path, entry in before.items() if path not in untouched}
     restored_tree = tree(restored)
     assert restored_tree.pop(".git/config")[:2] == before[".git/config"][:2]  # type and mode

@@ -66,7 +66,8 @@ _NESTED = ("modules", "worktrees")
 FETCH_HEAD = "FETCH_HEAD"
 # Removed outright: hooks; FETCH_HEAD (its lines name the fetched URL, credentials and
 # all); per-worktree config; legacy remote definitions, read when the config names none.
-_REMOVED = ("hooks", FETCH_HEAD, "config.worktree", "remotes", "branches")
+_LEGACY_REMOTES = ("remotes", "branches")
+_REMOVED = ("hooks", FETCH_HEAD, "config.worktree", *_LEGACY_REMOTES)
 _USER_INFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s]*@")
 
 
@@ -272,12 +273,25 @@ def credential_findings(entries: Iterable[ConfigEntry]) -> list[str]:
 
 def checkout_credentials(checkout: Path, entries: Iterable[ConfigEntry]) -> list[str]:
     """The credentials a checkout's repository would carry into an archive: those of its
-    config `entries` and a FETCH_HEAD naming a URL with user-info."""
-    found = credential_findings(entries)
-    fetch_head = checkout / ".git" / FETCH_HEAD
-    if fetch_head.is_file() and has_user_info(fetch_head.read_text(errors="replace")):
-        found.append(FETCH_HEAD)
-    return found
+    config `entries`, then the files beside it (`credential_files`)."""
+    return [*credential_findings(entries), *credential_files(checkout)]
+
+
+def credential_files(checkout: Path) -> list[str]:
+    """Files of the checkout's `.git` (paths relative to it) that name a URL with user-info:
+    FETCH_HEAD's lines, legacy remote definitions (`remotes/*`, `branches/*`)."""
+    dot_git = checkout / ".git"
+    candidates = [dot_git / FETCH_HEAD]
+    for legacy in _LEGACY_REMOTES:
+        if (dot_git / legacy).is_dir() and not (dot_git / legacy).is_symlink():
+            candidates += sorted((dot_git / legacy).iterdir())
+    return [
+        path.relative_to(dot_git).as_posix()
+        for path in candidates
+        if path.is_file()
+        and not path.is_symlink()
+        and has_user_info(path.read_text(errors="replace"))
+    ]
 
 
 def without_credentials(entries: Iterable[ConfigEntry]) -> list[ConfigEntry]:
