@@ -93,7 +93,7 @@ def relay_output(process: subprocess.Popen[bytes], log: Callable[[str], None]) -
 
 def end(process: subprocess.Popen[bytes], grace: float = 10.0) -> int:
     """SIGTERM the sandbox's process group, SIGKILL it after `grace` seconds. What left the
-    group (a new session of its own) is out of reach: the container's end ends it."""
+    group is ended with the rest of the slot user's processes (`end_user_processes`)."""
     for sent, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
         try:
             os.killpg(process.pid, sent)
