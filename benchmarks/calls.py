@@ -32,19 +32,19 @@ from botocore.credentials import Credentials
 from rich.console import Console
 from rich.table import Table
 
-from seedkeeper.checkpoints import IdleSettings, new_checkpoint
-from seedkeeper.client import SeedkeeperClient
+from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
-from seedkeeper.demo import commit_change, published_snapshot, sample_repository
-from seedkeeper.lifecycle import Written
-from seedkeeper.local.gateway import LocalCredentials
-from seedkeeper.local.stack import LocalStack
-from seedkeeper.models import OwnerClaim, SeedIdentity
+from seedkeeper.domain.checkpoints import IdleSettings, new_checkpoint
+from seedkeeper.domain.models import OwnerClaim, SeedIdentity
+from seedkeeper.domain.opwindow import Actor, OpKind
+from seedkeeper.domain.record import Supported
 from seedkeeper.observability import logger
-from seedkeeper.opwindow import Actor, OpKind
-from seedkeeper.r2 import R2, R2Settings
-from seedkeeper.record import Supported
-from seedkeeper.seeding import Seeded
+from seedkeeper.services.seed import Seeded
+from seedkeeper.store.lifecycle import Written
+from seedkeeper_tools.client import SeedkeeperClient
+from seedkeeper_tools.demo import commit_change, published_snapshot, sample_repository
+from seedkeeper_tools.local.gateway import LocalCredentials
+from seedkeeper_tools.local.stack import LocalStack
 
 RESOURCE = "calls-widgets"
 ORIGIN = "https://git.example.com/calls/widgets.git"

@@ -4,7 +4,7 @@ A synthetic git repository (deterministic, at least 20,000 files) is archived at
 with the project's own `build_squashfs` (zstd) and `measure`, and served by nginx on
 loopback, so ranged GETs run at page-cache speed. Then, alternating within one run:
 
-- ours: the real slot task (`python -m seedkeeper.task`) started as the local runtime
+- ours: the real slot task (`python -m seedkeeper_task.supervisor`) started as the local runtime
   starts it, against a moto lifecycle table holding a record born for it; it downloads,
   verifies, extracts, fixes up, writes its marker and settles. Timed as the task records
   it (`result.ms`, `result.steps`) and as its whole process (interpreter start and imports
@@ -50,17 +50,17 @@ from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
 
-from seedkeeper.infra import create_table, load_template
-from seedkeeper.lifecycle import Lifecycle, Written
-from seedkeeper.local.motoserver import AtomicMotoServer
-from seedkeeper.models import OwnerClaim, SeedIdentity
-from seedkeeper.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.publish import build_squashfs, measure
-from seedkeeper.record import SeedSucceeded, State, Supported
-from seedkeeper.rotation import Snapshots
-from seedkeeper.snapshot_store import SnapshotStore
-from seedkeeper.snapshots import Archive, NewSnapshot
-from seedkeeper.task import CHECKOUT
+from seedkeeper.domain.models import OwnerClaim, SeedIdentity
+from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
+from seedkeeper.domain.record import SeedSucceeded, State, Supported
+from seedkeeper.domain.snapshots import Archive, NewSnapshot
+from seedkeeper.services.rotation import Snapshots
+from seedkeeper.store.lifecycle import Lifecycle, Written
+from seedkeeper.store.snapshots import SnapshotStore
+from seedkeeper_task.supervisor import CHECKOUT
+from seedkeeper_tools.infra import create_table, load_template
+from seedkeeper_tools.local.motoserver import AtomicMotoServer
+from seedkeeper_tools.publish import build_squashfs, measure
 
 GENERATOR_VERSION = 3  # bump when the generator changes: cached inputs are rebuilt
 SEED = 20_240_601
@@ -592,7 +592,7 @@ class Bench:
         }
         _settle_disk()
         with (folder / "task.log").open("wb") as log:
-            timed = timed_run([sys.executable, "-m", "seedkeeper.task"], env=environment, log=log)
+            timed = timed_run([sys.executable, "-m", "seedkeeper_task"], env=environment, log=log)
         classified = self.lifecycle.read(slot)
         record = classified.record if isinstance(classified, Supported) else None
         result = record.result if record is not None else None

@@ -13,13 +13,13 @@ from moto import mock_aws
 from rich.console import Console
 from rich.table import Table
 
-from seedkeeper import transitions
-from seedkeeper.infra import create_table, load_template
-from seedkeeper.lifecycle import Lifecycle
-from seedkeeper.plan import SlotPlan
-from seedkeeper.record import SWEEP_PARTITION, encode
-from seedkeeper.runtime import TaskStatus
-from seedkeeper.sweep import Sweeper, SweepSettings
+from seedkeeper.adapters.runtime import TaskStatus
+from seedkeeper.domain import transitions
+from seedkeeper.domain.plan import SlotPlan
+from seedkeeper.domain.record import SWEEP_PARTITION, encode
+from seedkeeper.services.sweep import Sweeper, SweepSettings
+from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper_tools.infra import create_table, load_template
 
 SLOTS = 100_000
 EXPIRED = 1_000

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from seedkeeper import transitions
-from seedkeeper.lifecycle import Lifecycle, Written
-from seedkeeper.models import OwnerClaim, SeedIdentity
-from seedkeeper.record import Checkpoint, SeedFailed, SeedSucceeded, SlotRecord, State
+from seedkeeper.domain import transitions
+from seedkeeper.domain.models import OwnerClaim, SeedIdentity
+from seedkeeper.domain.record import Checkpoint, SeedFailed, SeedSucceeded, SlotRecord, State
+from seedkeeper.store.lifecycle import Lifecycle, Written
 
 ORIGIN = "https://git.example.com/acme/widgets.git"
 NOW = 1_800_000_000

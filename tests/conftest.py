@@ -15,15 +15,15 @@ from moto import mock_aws
 from pydantic import SecretStr
 
 from repos import make_repository
+from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings, snapshots
-from seedkeeper.infra import create_table, load_template
-from seedkeeper.lifecycle import Lifecycle
-from seedkeeper.local.gateway import LocalCredentials
-from seedkeeper.local.motoserver import AtomicMotoServer
-from seedkeeper.local.stack import LocalStack
-from seedkeeper.r2 import R2, R2Settings
-from seedkeeper.rotation import Snapshots
-from seedkeeper.runtime import LocalRuntime
+from seedkeeper.services.rotation import Snapshots
+from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper_tools.infra import create_table, load_template
+from seedkeeper_tools.local.gateway import LocalCredentials
+from seedkeeper_tools.local.motoserver import AtomicMotoServer
+from seedkeeper_tools.local.runtime import LocalRuntime
+from seedkeeper_tools.local.stack import LocalStack
 from slots import Slots
 
 if TYPE_CHECKING:

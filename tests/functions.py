@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from seedkeeper.infra import ROOT
-from seedkeeper.local.gateway import Handler, load_handler
+from seedkeeper_tools.infra import ROOT
+from seedkeeper_tools.local.gateway import Handler, load_handler
 
 load_function = load_handler
 

@@ -21,14 +21,15 @@ from typing import TYPE_CHECKING, Any
 import boto3
 
 from functions import event, invoke, load_function
-from seedkeeper.publish import publish
-from seedkeeper.r2 import backup_key
-from seedkeeper.record import Supported
-from seedkeeper.restore.download import parse_content_range
-from seedkeeper.runtime import LocalRuntime, TaskStatus
-from seedkeeper.sandbox import STATE_DIR
-from seedkeeper.snapshots import Archive, NewSnapshot
-from seedkeeper.task import CHECKOUT, MARKER
+from seedkeeper.adapters.r2 import backup_key
+from seedkeeper.adapters.runtime import TaskStatus
+from seedkeeper.domain.record import Supported
+from seedkeeper.domain.snapshots import Archive, NewSnapshot
+from seedkeeper_task.restore.download import parse_content_range
+from seedkeeper_task.sandbox import STATE_DIR
+from seedkeeper_task.supervisor import CHECKOUT, MARKER
+from seedkeeper_tools.local.runtime import LocalRuntime
+from seedkeeper_tools.publish import publish
 
 if TYPE_CHECKING:
     from conftest import Stack

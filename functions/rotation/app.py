@@ -8,11 +8,11 @@ from typing import Annotated
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Path
 
+from seedkeeper.api.http import ErrorAnswer, entrypoint, function_url_app, json_response, responses
 from seedkeeper.config import snapshots_from_env
-from seedkeeper.http import ErrorAnswer, entrypoint, function_url_app, json_response, responses
-from seedkeeper.models import ResourceName
-from seedkeeper.rotation import Payment, Recorded, SnapshotStatus
-from seedkeeper.snapshots import NewSnapshot
+from seedkeeper.domain.models import ResourceName
+from seedkeeper.domain.snapshots import NewSnapshot
+from seedkeeper.services.rotation import Payment, Recorded, SnapshotStatus
 
 app = function_url_app()
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from aws_lambda_powertools.event_handler import Response
 
+from seedkeeper.api.http import entrypoint, function_url_app, json_response, responses
 from seedkeeper.config import seed_service_from_env
-from seedkeeper.http import entrypoint, function_url_app, json_response, responses
-from seedkeeper.seeding import ANSWERS, SeedRequest
+from seedkeeper.services.seed import ANSWERS, SeedRequest
 
 app = function_url_app()
 

@@ -7,8 +7,7 @@ from http import HTTPStatus
 
 from aws_lambda_powertools.event_handler import Response
 
-from seedkeeper.config import witness_from_env
-from seedkeeper.http import (
+from seedkeeper.api.http import (
     NO_MATCH,
     ErrorAnswer,
     entrypoint,
@@ -16,7 +15,8 @@ from seedkeeper.http import (
     json_response,
     responses,
 )
-from seedkeeper.receipts import Evidence, EvidenceRequest, Refused
+from seedkeeper.config import witness_from_env
+from seedkeeper.services.receipts import Evidence, EvidenceRequest, Refused
 
 app = function_url_app()
 

@@ -10,20 +10,20 @@ import boto3
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from seedkeeper.clock import epoch_seconds
-from seedkeeper.lifecycle import Lifecycle
-from seedkeeper.r2 import R2, R2Settings, transfer_mode
-from seedkeeper.runtime import RuntimeSettings, runtime_from
+from seedkeeper.adapters.clock import epoch_seconds
+from seedkeeper.adapters.r2 import R2, R2Settings, transfer_mode
+from seedkeeper.adapters.runtime import RuntimeSettings, runtime_from
+from seedkeeper.store.lifecycle import Lifecycle
 
 # Each factory imports the service it builds when it is called: a function imports only
 # the one it serves, which keeps every handler's cold start short.
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
 
-    from seedkeeper.receipts import Witness
-    from seedkeeper.rotation import Snapshots
-    from seedkeeper.seeding import SeedService, SeedSettings
-    from seedkeeper.sweep import Sweeper, SweepSettings
+    from seedkeeper.services.receipts import Witness
+    from seedkeeper.services.rotation import Snapshots
+    from seedkeeper.services.seed import SeedService, SeedSettings
+    from seedkeeper.services.sweep import Sweeper, SweepSettings
 
 
 class StoreSettings(BaseSettings):
@@ -49,8 +49,8 @@ def r2_if_configured(settings: R2Settings) -> R2 | None:
 
 @cache
 def snapshots(store: StoreSettings, r2: R2Settings) -> Snapshots:
-    from seedkeeper.rotation import Snapshots
-    from seedkeeper.snapshot_store import SnapshotStore
+    from seedkeeper.services.rotation import Snapshots
+    from seedkeeper.store.snapshots import SnapshotStore
 
     return Snapshots(SnapshotStore(store.table_resource()), r2_if_configured(r2))
 
@@ -63,8 +63,8 @@ def snapshots_from_env() -> Snapshots:
 def seed_service(
     store: StoreSettings, r2: R2Settings, runtime: RuntimeSettings, seed: SeedSettings
 ) -> SeedService:
-    from seedkeeper.seeding import SeedService
-    from seedkeeper.snapshot_store import SnapshotStore
+    from seedkeeper.services.seed import SeedService
+    from seedkeeper.store.snapshots import SnapshotStore
 
     table = store.table_resource()
     return SeedService(
@@ -79,14 +79,14 @@ def seed_service(
 
 
 def seed_service_from_env() -> SeedService:
-    from seedkeeper.seeding import SeedSettings
+    from seedkeeper.services.seed import SeedSettings
 
     return seed_service(StoreSettings(), R2Settings(), RuntimeSettings(), SeedSettings())
 
 
 @cache
 def witness(store: StoreSettings, r2: R2Settings) -> Witness:
-    from seedkeeper.receipts import Witness
+    from seedkeeper.services.receipts import Witness
 
     return Witness(store.lifecycle(), r2_if_configured(r2), epoch_seconds)
 
@@ -99,7 +99,7 @@ def witness_from_env() -> Witness:
 def sweeper(
     store: StoreSettings, r2: R2Settings, runtime: RuntimeSettings, sweep: SweepSettings
 ) -> Sweeper:
-    from seedkeeper.sweep import Sweeper
+    from seedkeeper.services.sweep import Sweeper
 
     table = store.table_resource()
     return Sweeper(
@@ -113,6 +113,6 @@ def sweeper(
 
 
 def sweeper_from_env() -> Sweeper:
-    from seedkeeper.sweep import SweepSettings
+    from seedkeeper.services.sweep import SweepSettings
 
     return sweeper(StoreSettings(), R2Settings(), RuntimeSettings(), SweepSettings())

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import running_local_stack
-from seedkeeper.local.stack import LocalStack
+from seedkeeper_tools.local.stack import LocalStack
 
 LEAKS = re.compile(
     r"X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|AWS4-HMAC-SHA256|Signature=",

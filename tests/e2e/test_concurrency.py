@@ -13,15 +13,15 @@ import pytest
 from botocore.credentials import Credentials
 
 from repos import make_repository
-from seedkeeper.client import SeedAnswer, SeedkeeperClient, SeedkeeperRefused
+from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
-from seedkeeper.local.stack import LocalStack
-from seedkeeper.models import OwnerClaim, SeedIdentity
-from seedkeeper.publish import backup_id_for, head_of, upload_archive
-from seedkeeper.r2 import R2, R2Settings
-from seedkeeper.record import Supported
-from seedkeeper.seeding import Seeded, Seeding
-from seedkeeper.snapshots import NewSnapshot
+from seedkeeper.domain.models import OwnerClaim, SeedIdentity
+from seedkeeper.domain.record import Supported
+from seedkeeper.domain.snapshots import NewSnapshot
+from seedkeeper.services.seed import Seeded, Seeding
+from seedkeeper_tools.client import SeedAnswer, SeedkeeperClient, SeedkeeperRefused
+from seedkeeper_tools.local.stack import LocalStack
+from seedkeeper_tools.publish import backup_id_for, head_of, upload_archive
 
 CALLERS = 50
 ORIGIN = "https://git.example.com/acme/widgets.git"

@@ -19,8 +19,8 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from seedkeeper.local.gateway import REQUEST_TIMEOUT, FunctionUrlGateway
-from seedkeeper.local.stack import REGION, LocalStack
+from seedkeeper_tools.local.gateway import REQUEST_TIMEOUT, FunctionUrlGateway
+from seedkeeper_tools.local.stack import REGION, LocalStack
 
 READ_TIMEOUT = REQUEST_TIMEOUT + 5  # the gateway answers a stalled request before this
 SEED_BODY = json.dumps({"slot": "slot-x", "seed": None}).encode()

@@ -17,15 +17,15 @@ from botocore.credentials import Credentials
 
 from conftest import running_local_stack
 from repos import git, make_repository
-from seedkeeper.client import ClaimNotEchoed, SeedkeeperClient, SeedkeeperRefused
-from seedkeeper.local.stack import LocalStack
-from seedkeeper.models import OwnerClaim, SeedIdentity
-from seedkeeper.publish import backup_id_for, head_of, upload_archive
-from seedkeeper.r2 import R2, R2Settings
-from seedkeeper.runtime import TaskStatus
-from seedkeeper.seeding import Cold, NotSeeded, Seeded
-from seedkeeper.snapshots import NewSnapshot
-from seedkeeper.task import CHECKOUT
+from seedkeeper.adapters.r2 import R2, R2Settings
+from seedkeeper.adapters.runtime import TaskStatus
+from seedkeeper.domain.models import OwnerClaim, SeedIdentity
+from seedkeeper.domain.snapshots import NewSnapshot
+from seedkeeper.services.seed import Cold, NotSeeded, Seeded
+from seedkeeper_task.supervisor import CHECKOUT
+from seedkeeper_tools.client import ClaimNotEchoed, SeedkeeperClient, SeedkeeperRefused
+from seedkeeper_tools.local.stack import LocalStack
+from seedkeeper_tools.publish import backup_id_for, head_of, upload_archive
 
 ORIGIN = "https://git.example.com/acme/widgets.git"
 

@@ -26,11 +26,11 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 
 from builders import stored_in
+from seedkeeper.adapters.r2 import R2, R2Settings, backup_key
 from seedkeeper.config import StoreSettings
-from seedkeeper.lifecycle import Lifecycle
-from seedkeeper.local.stack import REGION, LocalStack
-from seedkeeper.r2 import R2, R2Settings, backup_key
-from seedkeeper.record import State, slot_key
+from seedkeeper.domain.record import State, slot_key
+from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper_tools.local.stack import REGION, LocalStack
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table

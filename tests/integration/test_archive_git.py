@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from repos import git, new_repository, tree
-from seedkeeper.record import State
-from seedkeeper.task import CHECKOUT
+from seedkeeper.domain.record import State
+from seedkeeper_task.supervisor import CHECKOUT
 from slots import ORIGIN, Slots, assert_no_half_tree, record_archive, squashfs_of, verdict
 
 TOKEN = "ghp_SeedkeeperTestSecret0123456789"  # noqa: S105 - a planted credential, not a real one

@@ -14,7 +14,7 @@ import pytest
 from builders import IDLE, NOW, ORIGIN, owner, seed
 from conftest import Stack
 from repos import git, make_repository
-from seedkeeper.lifecycle import Lifecycle, Written
+from seedkeeper.store.lifecycle import Lifecycle, Written
 
 SEEDKEEPER = str(Path(sys.executable).with_name("seedkeeper"))
 

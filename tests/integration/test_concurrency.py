@@ -15,13 +15,13 @@ import boto3
 
 from builders import NOW, stored_in
 from conftest import Stack
+from seedkeeper.adapters.r2 import backup_key
+from seedkeeper.domain.record import SlotRecord, State, Supported
+from seedkeeper.domain.snapshots import Archive, NewSnapshot
 from seedkeeper.errors import ResourceNotFound, RotationConflict
-from seedkeeper.lifecycle import Written
-from seedkeeper.r2 import backup_key
-from seedkeeper.record import SlotRecord, State, Supported
-from seedkeeper.rotation import Recorded
-from seedkeeper.snapshot_store import SnapshotStore
-from seedkeeper.snapshots import Archive, NewSnapshot
+from seedkeeper.services.rotation import Recorded
+from seedkeeper.store.lifecycle import Written
+from seedkeeper.store.snapshots import SnapshotStore
 
 INTERLEAVINGS = 1000
 IDLE = 600

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from seedkeeper.restore.download import (
+from seedkeeper_task.restore.download import (
     THREAD_PREFIX,
     DownloadFailed,
     DownloadStats,

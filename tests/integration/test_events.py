@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from functions import Context, event, invoke, load_function
-from seedkeeper.infra import ROOT
+from seedkeeper_tools.infra import ROOT
 from slots import Slots
 
 # (event file, function, documented status), in the order they are sent.

@@ -15,8 +15,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from repos import git, new_repository
-from seedkeeper.publish import build_squashfs
-from seedkeeper.restore.extract import (
+from seedkeeper_task.restore.extract import (
     ExtractFailed,
     UnsafeArchive,
     check_listing,
@@ -25,8 +24,9 @@ from seedkeeper.restore.extract import (
     sweep_staging,
     symlink_escapes,
 )
-from seedkeeper.sandbox import let_slot_user_reach
-from seedkeeper.slot_user import SlotUser
+from seedkeeper_task.sandbox import let_slot_user_reach
+from seedkeeper_task.slot_user import SlotUser
+from seedkeeper_tools.publish import build_squashfs
 
 STAGING_NAME = re.compile(r"\.checkout\.staging-[0-9a-f]{16}")
 ZSTD_FRAME = bytes.fromhex("28b52ffd")

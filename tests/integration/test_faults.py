@@ -11,13 +11,13 @@ from botocore.exceptions import ClientError
 
 from functions import event, invoke
 from repos import make_repository
+from seedkeeper.adapters.runtime import TaskStatus
 from seedkeeper.config import seed_service_from_env
-from seedkeeper.lifecycle import Written
-from seedkeeper.models import SeedIdentity
-from seedkeeper.opwindow import OpRef
-from seedkeeper.plan import SlotPlan
-from seedkeeper.record import Absent, slot_key
-from seedkeeper.runtime import TaskStatus
+from seedkeeper.domain.models import SeedIdentity
+from seedkeeper.domain.opwindow import OpRef
+from seedkeeper.domain.plan import SlotPlan
+from seedkeeper.domain.record import Absent, slot_key
+from seedkeeper.store.lifecycle import Written
 from slots import Slots, seed_function
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from seedkeeper.gitref import is_valid_branch_name
+from seedkeeper.domain.gitref import is_valid_branch_name
 
 SEED = 20240531
 GENERATED_COUNT = 2500

@@ -28,13 +28,13 @@ from pydantic import BaseModel
 
 from conftest import Stack, running_local_stack
 from functions import Context, event, invoke, load_function
+from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.config import StoreSettings
-from seedkeeper.local.gateway import MAX_BODY
-from seedkeeper.local.stack import LocalStack
-from seedkeeper.r2 import backup_key
-from seedkeeper.receipts import EvidenceRequest, ReceiptRequest
-from seedkeeper.seeding import SeedRequest
-from seedkeeper.snapshots import NewSnapshot
+from seedkeeper.domain.snapshots import NewSnapshot
+from seedkeeper.services.receipts import EvidenceRequest, ReceiptRequest
+from seedkeeper.services.seed import SeedRequest
+from seedkeeper_tools.local.gateway import MAX_BODY
+from seedkeeper_tools.local.stack import LocalStack
 
 HANDLERS = {name: load_function(name) for name in ("seed", "receipt", "slot_evidence", "rotation")}
 

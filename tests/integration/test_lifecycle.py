@@ -24,10 +24,8 @@ from builders import (
     written,
 )
 from conftest import TABLE_NAME
-from seedkeeper.errors import StoreError, StoreUnavailable
-from seedkeeper.lifecycle import Conflict, Lifecycle, Outcome
-from seedkeeper.opwindow import Actor, OpKind, OpRef, OpStatus
-from seedkeeper.record import (
+from seedkeeper.domain.opwindow import Actor, OpKind, OpRef, OpStatus
+from seedkeeper.domain.record import (
     Absent,
     Malformed,
     SlotRecord,
@@ -36,7 +34,9 @@ from seedkeeper.record import (
     Unsupported,
     slot_key,
 )
-from seedkeeper.transitions import Acknowledged, Refused
+from seedkeeper.domain.transitions import Acknowledged, Refused
+from seedkeeper.errors import StoreError, StoreUnavailable
+from seedkeeper.store.lifecycle import Conflict, Lifecycle, Outcome
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table

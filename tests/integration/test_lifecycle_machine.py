@@ -19,9 +19,9 @@ from hypothesis.stateful import (
 )
 
 from builders import IDLE, NOW, ORIGIN, failure, owner, seed, success
-from seedkeeper.lifecycle import Conflict, Lifecycle, Written
-from seedkeeper.opwindow import WINDOW_SIZE, Actor, OpKind, OpRef
-from seedkeeper.record import SlotRecord, State, Supported, classify, slot_key
+from seedkeeper.domain.opwindow import WINDOW_SIZE, Actor, OpKind, OpRef
+from seedkeeper.domain.record import SlotRecord, State, Supported, classify, slot_key
+from seedkeeper.store.lifecycle import Conflict, Lifecycle, Written
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import Stack
 from functions import event, invoke, load_function
-from seedkeeper.r2 import R2, R2Settings, backup_key
+from seedkeeper.adapters.r2 import R2, R2Settings, backup_key
 
 ACCESS_KEY = "AKIADONOTLOG0000"
 SECRET_KEY = "secret-do-not-log-9f2c"  # noqa: S105 - a marker to search logs for

@@ -19,9 +19,9 @@ import pytest
 from builders import NOW, ORIGIN, checkpoint, owner, seed, stored_in, written
 from conftest import Stack
 from functions import event, invoke, load_function
-from seedkeeper.lifecycle import Lifecycle, Written
-from seedkeeper.opwindow import Actor, OpKind
-from seedkeeper.record import State, slot_key
+from seedkeeper.domain.opwindow import Actor, OpKind
+from seedkeeper.domain.record import State, slot_key
+from seedkeeper.store.lifecycle import Lifecycle, Written
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table

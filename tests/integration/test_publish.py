@@ -14,10 +14,10 @@ import pytest
 
 from conftest import Stack
 from repos import git, make_repository, tree
+from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.errors import PublishFailed
-from seedkeeper.publish import publish
-from seedkeeper.r2 import backup_key
-from seedkeeper.snapshot_store import SnapshotStore
+from seedkeeper.store.snapshots import SnapshotStore
+from seedkeeper_tools.publish import publish
 
 SEEDKEEPER = str(Path(sys.executable).with_name("seedkeeper"))
 

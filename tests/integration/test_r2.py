@@ -18,8 +18,8 @@ import pytest
 from aws_lambda_powertools.utilities import parameters
 from pydantic import SecretStr
 
-from seedkeeper import r2 as r2_module
-from seedkeeper.r2 import R2, DeleteReport, R2Settings, backup_key
+from seedkeeper.adapters import r2 as r2_module
+from seedkeeper.adapters.r2 import R2, DeleteReport, R2Settings, backup_key
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -12,11 +12,11 @@ import pytest
 from botocore.config import Config
 
 from builders import IDLE, NOW, ORIGIN, owner, seed
-from seedkeeper.infra import create_table, load_template
-from seedkeeper.lifecycle import Conflict, Lifecycle, Written
-from seedkeeper.opwindow import WINDOW_SIZE, Actor, OpKind, OpRef
-from seedkeeper.record import Supported
-from seedkeeper.transitions import Refused
+from seedkeeper.domain.opwindow import WINDOW_SIZE, Actor, OpKind, OpRef
+from seedkeeper.domain.record import Supported
+from seedkeeper.domain.transitions import Refused
+from seedkeeper.store.lifecycle import Conflict, Lifecycle, Written
+from seedkeeper_tools.infra import create_table, load_template
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table

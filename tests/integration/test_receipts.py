@@ -14,11 +14,11 @@ import pytest
 from conftest import Stack
 from functions import event, invoke, load_function
 from seedkeeper import config
-from seedkeeper.checkpoints import IdleSettings, new_checkpoint
-from seedkeeper.lifecycle import Lifecycle, Written
-from seedkeeper.models import OwnerClaim, SeedIdentity
-from seedkeeper.opwindow import Actor, OpKind
-from seedkeeper.record import SeedSucceeded, SlotRecord, slot_key
+from seedkeeper.domain.checkpoints import IdleSettings, new_checkpoint
+from seedkeeper.domain.models import OwnerClaim, SeedIdentity
+from seedkeeper.domain.opwindow import Actor, OpKind
+from seedkeeper.domain.record import SeedSucceeded, SlotRecord, slot_key
+from seedkeeper.store.lifecycle import Lifecycle, Written
 
 receipt_function = load_function("receipt")
 evidence_function = load_function("slot_evidence")

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import Stack
 from functions import event, invoke, load_function
-from seedkeeper.r2 import backup_key
+from seedkeeper.adapters.r2 import backup_key
 
 rotation = load_function("rotation")
 

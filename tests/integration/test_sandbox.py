@@ -16,12 +16,12 @@ from typing import Any
 import boto3
 import pytest
 
-import seedkeeper
+import seedkeeper_task
 from repos import git
-from seedkeeper.plan import SlotPlan
-from seedkeeper.record import slot_key
-from seedkeeper.sandbox import STATE_DIR
-from seedkeeper.task import CHECKOUT, MARKER
+from seedkeeper.domain.plan import SlotPlan
+from seedkeeper.domain.record import slot_key
+from seedkeeper_task.sandbox import STATE_DIR
+from seedkeeper_task.supervisor import CHECKOUT, MARKER
 from slots import Slots, record_archive, wait_for
 
 NOBODY = 65534  # a user that is no slot's, for processes this test starts itself
@@ -282,7 +282,7 @@ def test_the_sandbox_cannot_write_a_line_of_the_supervisors_log(
 HOLDER = """
 import os, sys, time
 sys.path.insert(0, sys.argv[1])
-from seedkeeper.sandbox import make_undumpable
+from seedkeeper_task.sandbox import make_undumpable
 if sys.argv[2] == "undumpable":
     make_undumpable()
 print(os.getpid(), flush=True)
@@ -297,7 +297,7 @@ def test_an_undumpable_process_hides_its_environment_even_from_its_own_user(
 ) -> None:
     """The supervisor's guard when it cannot drop privileges (an unprivileged local stack):
     the sandbox then runs as the same user, and only undumpability keeps it out."""
-    shared = str(Path(seedkeeper.__file__).parent.parent)
+    shared = str(Path(seedkeeper_task.__file__).parent.parent)
     as_nobody: dict[str, Any] = {"user": NOBODY, "group": NOBODY, "extra_groups": []}
     holder = subprocess.Popen(
         [SYSTEM_PYTHON, "-c", HOLDER, shared, mode],

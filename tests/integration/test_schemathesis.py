@@ -42,11 +42,11 @@ from builders import ORIGIN, owner, seed, stored_in
 from conftest import Stack
 from functions import Context, event
 from seedkeeper import config
-from seedkeeper.infra import FUNCTIONS
-from seedkeeper.lifecycle import Lifecycle
-from seedkeeper.plan import SlotPlan
-from seedkeeper.record import State
-from seedkeeper.runtime import RuntimeSettings, SlotRuntime, TaskStatus
+from seedkeeper.adapters.runtime import RuntimeSettings, SlotRuntime, TaskStatus
+from seedkeeper.domain.plan import SlotPlan
+from seedkeeper.domain.record import State
+from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper_tools.infra import FUNCTIONS
 
 # Cases per route (positive and negative together). About 12 ms a case on a 2-core
 # machine: 6 routes x 1,000 cases take about 75 s.

@@ -17,19 +17,19 @@ from pydantic import SecretStr
 from conftest import Stack
 from functions import event, invoke
 from repos import git, tree
-from seedkeeper import transitions
+from seedkeeper.adapters.r2 import R2Settings, backup_key
+from seedkeeper.adapters.runtime import RuntimeSettings, TaskStatus
 from seedkeeper.config import seed_service, seed_service_from_env
-from seedkeeper.lifecycle import Lifecycle, Written
-from seedkeeper.models import SeedIdentity
-from seedkeeper.plan import SlotPlan
-from seedkeeper.r2 import R2Settings, backup_key
-from seedkeeper.record import SeedFailed, State, Supported
-from seedkeeper.runtime import RuntimeSettings, TaskStatus
-from seedkeeper.sandbox import STATE_DIR
-from seedkeeper.seeding import SeedSettings
-from seedkeeper.snapshot_store import SnapshotStore
-from seedkeeper.snapshots import Archive, NewSnapshot
-from seedkeeper.task import CHECKOUT, MARKER, SlotTask, TaskSettings
+from seedkeeper.domain import transitions
+from seedkeeper.domain.models import SeedIdentity
+from seedkeeper.domain.plan import SlotPlan
+from seedkeeper.domain.record import SeedFailed, State, Supported
+from seedkeeper.domain.snapshots import Archive, NewSnapshot
+from seedkeeper.services.seed import SeedSettings
+from seedkeeper.store.lifecycle import Lifecycle, Written
+from seedkeeper.store.snapshots import SnapshotStore
+from seedkeeper_task.sandbox import STATE_DIR
+from seedkeeper_task.supervisor import CHECKOUT, MARKER, SlotTask, TaskSettings
 from slots import (
     ORIGIN,
     Slots,

@@ -18,13 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import Stack
-from seedkeeper.errors import ResourceNotFound, SnapshotRefused
-from seedkeeper.lifecycle import Lifecycle, Unmet, Written
-from seedkeeper.models import SeedIdentity
-from seedkeeper.r2 import R2, backup_key
-from seedkeeper.rotation import Snapshots
-from seedkeeper.snapshot_store import Committed, Lost, SnapshotStore
-from seedkeeper.snapshots import (
+from seedkeeper.adapters.r2 import R2, backup_key
+from seedkeeper.domain.models import SeedIdentity
+from seedkeeper.domain.snapshots import (
     Archive,
     NewSnapshot,
     Resident,
@@ -32,6 +28,10 @@ from seedkeeper.snapshots import (
     plan_rotation,
     plan_teardown,
 )
+from seedkeeper.errors import ResourceNotFound, SnapshotRefused
+from seedkeeper.services.rotation import Snapshots
+from seedkeeper.store.lifecycle import Lifecycle, Unmet, Written
+from seedkeeper.store.snapshots import Committed, Lost, SnapshotStore
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -16,15 +16,15 @@ import pytest
 
 from builders import EXPIRED, IDLE, INCARNATION, NOW, stored_in, written
 from conftest import Stack
-from seedkeeper import transitions
-from seedkeeper.lifecycle import Lifecycle
-from seedkeeper.opwindow import Actor, OpKind
-from seedkeeper.r2 import backup_key
-from seedkeeper.record import SlotRecord, State, Supported, encode, slot_key
-from seedkeeper.runtime import TaskStatus
-from seedkeeper.snapshot_store import SnapshotStore
-from seedkeeper.snapshots import Archive, NewSnapshot, Rotation, plan_rotation
-from seedkeeper.sweep import Sweeper, SweepSettings
+from seedkeeper.adapters.r2 import backup_key
+from seedkeeper.adapters.runtime import TaskStatus
+from seedkeeper.domain import transitions
+from seedkeeper.domain.opwindow import Actor, OpKind
+from seedkeeper.domain.record import SlotRecord, State, Supported, encode, slot_key
+from seedkeeper.domain.snapshots import Archive, NewSnapshot, Rotation, plan_rotation
+from seedkeeper.services.sweep import Sweeper, SweepSettings
+from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper.store.snapshots import SnapshotStore
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table

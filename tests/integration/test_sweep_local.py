@@ -16,12 +16,12 @@ import pytest
 
 from functions import Context, event, load_function
 from repos import tree
-from seedkeeper.lifecycle import Written
-from seedkeeper.opwindow import Actor, OpKind
-from seedkeeper.record import State
-from seedkeeper.runtime import TaskStatus
-from seedkeeper.sweep import Sweeper, SweepSettings
-from seedkeeper.task import CHECKOUT
+from seedkeeper.adapters.runtime import TaskStatus
+from seedkeeper.domain.opwindow import Actor, OpKind
+from seedkeeper.domain.record import State
+from seedkeeper.services.sweep import Sweeper, SweepSettings
+from seedkeeper.store.lifecycle import Written
+from seedkeeper_task.supervisor import CHECKOUT
 from slots import Slots, TamperingProxy, record_archive, squashfs_of
 
 sweep_function = load_function("idle_sweep")

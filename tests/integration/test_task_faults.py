@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from repos import git, tree
-from seedkeeper import transitions
-from seedkeeper.record import State
-from seedkeeper.restore.download import plan_ranges
-from seedkeeper.sandbox import STATE_DIR
-from seedkeeper.task import CHECKOUT, MARKER, Marker, TaskSettings
+from seedkeeper.domain import transitions
+from seedkeeper.domain.record import State
+from seedkeeper_task.restore.download import plan_ranges
+from seedkeeper_task.sandbox import STATE_DIR
+from seedkeeper_task.supervisor import CHECKOUT, MARKER, Marker, TaskSettings
 from slots import Slots, TamperingProxy, assert_no_half_tree, verdict, wait_for
 
 # TASK_BLOCK_AT "<profile event>:<qualified name>" of a seedkeeper function: the task's main
@@ -32,7 +32,7 @@ import time
 
 def _block(frame, event, arg):
     code = frame.f_code
-    if (event, code.co_qualname) == _AT and "/seedkeeper/" in code.co_filename:
+    if (event, code.co_qualname) == _AT and "/seedkeeper" in code.co_filename:
         open(os.environ["TASK_REACHED"], "x").close()
         time.sleep(600)
 

@@ -1,6 +1,6 @@
 """Bodies are parsed under limits before validation: nesting depth, digits in a number,
 duplicate keys, JSON's own constants only, Unicode text, a top-level object. The parser
-every function URL uses (`seedkeeper.http.parse_body`) on its own, then through each real
+every function URL uses (`seedkeeper.api.http.parse_body`) on its own, then through each real
 handler (the network is off here: a body that got past the parser would fail the test)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 
 from functions import event, invoke, load_function
-from seedkeeper.http import MAX_DEPTH, MAX_DIGITS, parse_body
+from seedkeeper.api.http import MAX_DEPTH, MAX_DIGITS, parse_body
 
 KB = 1024
 

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seedkeeper.errors import SeedkeeperError
-from seedkeeper.restore.download import (
+from seedkeeper_task.restore.download import (
     SEGMENT_BYTES,
     THREAD_PREFIX,
     DownloadFailed,

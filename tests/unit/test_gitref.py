@@ -1,10 +1,10 @@
-"""Unit tests for seedkeeper.gitref (expected answers measured with git 2.39.5)."""
+"""Unit tests for seedkeeper.domain.gitref (expected answers measured with git 2.39.5)."""
 
 from __future__ import annotations
 
 import pytest
 
-from seedkeeper.gitref import is_valid_branch_name
+from seedkeeper.domain.gitref import is_valid_branch_name
 
 VALID = [
     "main",

@@ -12,9 +12,9 @@ from boto3.dynamodb.types import TypeSerializer
 from botocore.stub import ANY, Stubber
 
 from builders import IDLE, NOW, ORIGIN, checkpoint, owner, record_in, seed
-from seedkeeper.lifecycle import Conflict, Lifecycle, Unmet, Written
-from seedkeeper.opwindow import Actor, OpKind
-from seedkeeper.record import Absent, SlotRecord, State, Supported, encode
+from seedkeeper.domain.opwindow import Actor, OpKind
+from seedkeeper.domain.record import Absent, SlotRecord, State, Supported, encode
+from seedkeeper.store.lifecycle import Conflict, Lifecycle, Unmet, Written
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table

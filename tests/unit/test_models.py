@@ -6,7 +6,7 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from builders import owner, seed
-from seedkeeper.models import (
+from seedkeeper.domain.models import (
     BackupId,
     BranchRef,
     GitSha,

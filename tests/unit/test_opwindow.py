@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seedkeeper import opwindow
-from seedkeeper.opwindow import (
+from seedkeeper.domain import opwindow
+from seedkeeper.domain.opwindow import (
     WINDOW_SIZE,
     Actor,
     AlreadySettled,

@@ -21,9 +21,8 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 from botocore.stub import Stubber
 from pydantic import SecretStr, ValidationError
 
-from seedkeeper import r2 as r2_module
-from seedkeeper.errors import R2Unavailable, R2Unconfigured, translate_r2_error
-from seedkeeper.r2 import (
+from seedkeeper.adapters import r2 as r2_module
+from seedkeeper.adapters.r2 import (
     R2,
     DeleteReport,
     ObjectFacts,
@@ -32,6 +31,7 @@ from seedkeeper.r2 import (
     backup_key,
     transfer_mode,
 )
+from seedkeeper.errors import R2Unavailable, R2Unconfigured, translate_r2_error
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from builders import IDLE, NOW, ORIGIN, checkpoint, owner, record_in, seed
-from seedkeeper import transitions
-from seedkeeper.opwindow import Actor, OpKind, OpRef
-from seedkeeper.record import (
+from seedkeeper.domain import transitions
+from seedkeeper.domain.opwindow import Actor, OpKind, OpRef
+from seedkeeper.domain.record import (
     Absent,
     Malformed,
     SeedFailed,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from seedkeeper.restore.repository import (
+from seedkeeper_task.restore.repository import (
     FETCH_REFSPEC,
     ConfigEntry,
     RepositoryFormat,

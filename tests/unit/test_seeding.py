@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from builders import ORIGIN, owner, record_in, seed
-from seedkeeper.record import State, Supported, Unsupported
-from seedkeeper.seeding import (
+from seedkeeper.domain.record import State, Supported, Unsupported
+from seedkeeper.services.seed import (
     Cold,
     NotSeeded,
     Seeded,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from seedkeeper.models import SeedIdentity
-from seedkeeper.snapshots import (
+from seedkeeper.domain.models import SeedIdentity
+from seedkeeper.domain.snapshots import (
     Archive,
     DepsEntry,
     NewSnapshot,

@@ -9,11 +9,11 @@ import itertools
 import pytest
 
 from builders import EXPIRED, IDLE, NOW, changed, record_in
-from seedkeeper import transitions
-from seedkeeper.opwindow import Actor, OpKind
-from seedkeeper.record import Absent, Malformed, State, Supported, Unsupported
-from seedkeeper.runtime import TaskStatus
-from seedkeeper.sweep import Leave, Retain, Stop, decide
+from seedkeeper.adapters.runtime import TaskStatus
+from seedkeeper.domain import transitions
+from seedkeeper.domain.opwindow import Actor, OpKind
+from seedkeeper.domain.record import Absent, Malformed, State, Supported, Unsupported
+from seedkeeper.services.sweep import Leave, Retain, Stop, decide
 
 LIVE = [State.UNSEEDED, State.SEEDING, State.SEEDED, State.SEED_FAILED, State.CLOSING]
 

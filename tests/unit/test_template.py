@@ -13,13 +13,13 @@ import pytest
 from cfnlint.api import lint_all
 from pydantic_settings import BaseSettings
 
+from seedkeeper.adapters.r2 import R2Settings, transfer_mode
+from seedkeeper.adapters.runtime import RuntimeSettings
 from seedkeeper.config import StoreSettings
-from seedkeeper.infra import TABLE_RESOURCE, TEMPLATE, load_template, table_properties
-from seedkeeper.r2 import R2Settings, transfer_mode
-from seedkeeper.runtime import RuntimeSettings
-from seedkeeper.seeding import SeedSettings
-from seedkeeper.sweep import SweepSettings
-from seedkeeper.task import TaskSettings
+from seedkeeper.services.seed import SeedSettings
+from seedkeeper.services.sweep import SweepSettings
+from seedkeeper_task.supervisor import TaskSettings
+from seedkeeper_tools.infra import TABLE_RESOURCE, TEMPLATE, load_template, table_properties
 
 Template = dict[str, Any]
 Statement = Mapping[str, Any]

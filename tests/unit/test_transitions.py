@@ -20,10 +20,10 @@ from builders import (
     seed,
     success,
 )
-from seedkeeper import transitions
-from seedkeeper.opwindow import WINDOW_SIZE, Actor, OpKind, OpRef, OpStatus
-from seedkeeper.record import SlotRecord, State
-from seedkeeper.transitions import Acknowledged, Change, Refused
+from seedkeeper.domain import transitions
+from seedkeeper.domain.opwindow import WINDOW_SIZE, Actor, OpKind, OpRef, OpStatus
+from seedkeeper.domain.record import SlotRecord, State
+from seedkeeper.domain.transitions import Acknowledged, Change, Refused
 
 RESTORE = OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=1)
 LAUNCH = OpRef(ordinal=1, actor=Actor.SEED_FN, generation=1)

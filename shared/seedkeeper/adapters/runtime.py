@@ -1,0 +1,173 @@
+"""Where slot tasks run: ECS Fargate in AWS, local processes on one machine
+(`seedkeeper_tools.local.runtime`). One small interface, chosen by configuration; nothing
+else in Seedkeeper knows which it is.
+
+Launching is idempotent per attempt, so a retried launch never starts a second task: ECS
+by the RunTask client token, the local runtime by the incarnation file it keeps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal, Protocol
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import AfterValidator, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
+from seedkeeper.errors import RuntimeUnavailable
+
+if TYPE_CHECKING:
+    from mypy_boto3_ecs import ECSClient
+
+
+class TaskStatus(StrEnum):
+    RUNNING = "running"
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"  # nothing known about this incarnation: never a reason to destroy
+
+
+class SlotRuntime(Protocol):
+    def launch(self, plan: SlotPlan) -> str:
+        """Start the slot task for `plan`; answer its incarnation."""
+        ...
+
+    def status(self, incarnation: str) -> TaskStatus: ...
+
+    def stop(self, incarnation: str) -> None: ...
+
+
+# The first uid of the local slot users: one uid (and group) per slot, far above any
+# account's, so no two slots, and no person, ever share one.
+SLOT_UIDS_FROM = 1_000_000
+
+
+def not_a_credential(names: tuple[str, ...]) -> tuple[str, ...]:
+    refused = [name for name in names if name.startswith(("AWS_", "SEEDKEEPER_"))]
+    if refused:
+        raise ValueError(f"may not pass {refused} to slot tasks")
+    return names
+
+
+class RuntimeSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SEEDKEEPER_", extra="ignore", frozen=True)
+
+    runtime: Literal["ecs", "local"] = "ecs"
+    # ECS
+    cluster: str | None = None
+    task_definition: str | None = None
+    container: str = "slot"
+    subnets: tuple[str, ...] = ()
+    security_groups: tuple[str, ...] = ()
+    assign_public_ip: bool = False
+    # local
+    data_dir: Path = Path(".seedkeeper")
+    # Where a root local runtime's slot users start: each slot gets its own uid from here
+    # (the ECS image's one slot user per task is uid 1000). An unprivileged runtime cannot
+    # drop, so its tasks run their sandboxes as itself and say so.
+    local_slot_uids_from: Annotated[int, Field(ge=1000, le=4_000_000_000)] = SLOT_UIDS_FROM
+    # More variables for local tasks, by name (JSON list): test hooks, a debugger's.
+    local_task_passthrough: Annotated[tuple[str, ...], AfterValidator(not_a_credential)] = ()
+
+
+def runtime_from(settings: RuntimeSettings) -> SlotRuntime:
+    if settings.runtime == "local":
+        # The local stack's runtime: on the developer's machine, never in Lambda.
+        from seedkeeper_tools.local.runtime import LocalRuntime  # noqa: PLC0415
+
+        return LocalRuntime(
+            settings.data_dir,
+            slot_uids_from=settings.local_slot_uids_from,
+            passthrough=settings.local_task_passthrough,
+        )
+    if not (settings.cluster and settings.task_definition and settings.subnets):
+        raise RuntimeUnavailable("ecs runtime needs cluster, task_definition and subnets")
+    return EcsRuntime(boto3.client("ecs"), settings)
+
+
+def started_by(slot: str) -> str:
+    """ECS allows 36 characters of [A-Za-z0-9_-]: the slot itself when it fits, else a
+    stable digest of it."""
+    if re.fullmatch(r"[A-Za-z0-9_-]{1,36}", slot):
+        return slot
+    return "sk-" + hashlib.sha256(slot.encode()).hexdigest()[:33]
+
+
+class EcsRuntime:
+    def __init__(self, client: ECSClient, settings: RuntimeSettings) -> None:
+        self._ecs = client
+        self._settings = settings
+
+    def launch(self, plan: SlotPlan) -> str:
+        settings = self._settings
+        assert settings.cluster is not None
+        assert settings.task_definition is not None
+        try:
+            response = self._ecs.run_task(
+                cluster=settings.cluster,
+                taskDefinition=settings.task_definition,
+                launchType="FARGATE",
+                count=1,
+                startedBy=started_by(plan.slot),
+                # Idempotent per attempt: a retry of this launch returns the same task.
+                clientToken=_client_token(plan),
+                networkConfiguration={
+                    "awsvpcConfiguration": {
+                        "subnets": list(settings.subnets),
+                        "securityGroups": list(settings.security_groups),
+                        "assignPublicIp": "ENABLED" if settings.assign_public_ip else "DISABLED",
+                    }
+                },
+                overrides={
+                    "containerOverrides": [
+                        {
+                            "name": settings.container,
+                            "environment": [{"name": PLAN_VARIABLE, "value": plan.to_env()}],
+                        }
+                    ]
+                },
+            )
+        except (ClientError, BotoCoreError) as error:
+            raise RuntimeUnavailable(_code(error)) from error
+        tasks = response.get("tasks", [])
+        if not tasks:
+            reasons = ",".join(f.get("reason", "") for f in response.get("failures", []))
+            raise RuntimeUnavailable(f"RunTask started nothing ({reasons})")
+        return tasks[0]["taskArn"]
+
+    def status(self, incarnation: str) -> TaskStatus:
+        if not incarnation.startswith("arn:"):
+            return TaskStatus.UNKNOWN
+        try:
+            response = self._ecs.describe_tasks(
+                cluster=self._settings.cluster or "", tasks=[incarnation]
+            )
+        except (ClientError, BotoCoreError):
+            return TaskStatus.UNKNOWN
+        tasks = response.get("tasks", [])
+        if not tasks:
+            return TaskStatus.UNKNOWN
+        return TaskStatus.STOPPED if tasks[0].get("lastStatus") == "STOPPED" else TaskStatus.RUNNING
+
+    def stop(self, incarnation: str) -> None:
+        try:
+            self._ecs.stop_task(
+                cluster=self._settings.cluster or "", task=incarnation, reason="seedkeeper"
+            )
+        except (ClientError, BotoCoreError) as error:
+            raise RuntimeUnavailable(_code(error)) from error
+
+
+def _client_token(plan: SlotPlan) -> str:
+    return f"{hashlib.sha256(plan.slot.encode()).hexdigest()[:48]}-{plan.attempt}"
+
+
+def _code(error: ClientError | BotoCoreError) -> str:
+    if isinstance(error, ClientError):
+        return error.response.get("Error", {}).get("Code") or "unknown"
+    return type(error).__name__

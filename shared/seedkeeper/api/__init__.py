@@ -1,0 +1,1 @@
+"""The HTTP surface: the resolver every function URL shares and the one answer table."""

@@ -1,0 +1,363 @@
+"""What every function URL shares: the resolver, `GET /healthz`, the one mapping of
+domain errors to HTTP answers, and how a route documents them. Handlers stay thin: parse,
+one call, answer.
+
+Bodies are parsed here, once, under limits, before any validation (`parse_body`): at most
+32 levels of nesting, at most 20 digits in a number, no duplicate key, JSON's own values
+only (no NaN or Infinity), Unicode text (UTF-8, no lone surrogate), a top-level object.
+Each is a 400 `ErrorAnswer(error="invalid-request")` whose one field, `body`, names the
+limit. A method a path does not serve is a 405 naming the ones it does (`Allow`); a path
+no route serves, a 404; HEAD is GET without the body.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from functools import cached_property
+from http import HTTPStatus
+from itertools import accumulate
+from types import UnionType
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Response, content_types
+from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
+from aws_lambda_powertools.event_handler.openapi.exceptions import (
+    RequestUnsupportedContentType,
+    RequestValidationError,
+)
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
+from aws_lambda_powertools.utilities.data_classes import LambdaFunctionUrlEvent
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import BaseModel, ValidationError
+
+from seedkeeper import __version__
+from seedkeeper.adapters.r2 import R2Settings, transfer_mode
+from seedkeeper.domain.models import Model
+from seedkeeper.errors import (
+    MalformedRecord,
+    R2Unavailable,
+    R2Unconfigured,
+    ResourceNotFound,
+    RotationConflict,
+    SeedkeeperError,
+    SnapshotRefused,
+    StoreUnavailable,
+)
+from seedkeeper.observability import logger
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.event_handler.openapi.models import OpenAPI
+
+Handler = Callable[[dict[str, Any], LambdaContext], dict[str, Any]]
+_FIELD_CHARS = 120
+_MAX_FIELDS = 20
+
+
+class FieldError(Model):
+    field: str
+    message: str
+
+
+class ErrorAnswer(Model):
+    error: str  # a reason token
+    detail: str | None = None
+    fields: tuple[FieldError, ...] = ()
+
+
+# The one refusal for an absent slot and for any mismatch: no existence oracle.
+NO_MATCH = ErrorAnswer(error="no-match")
+
+
+class Health(Model):
+    ok: bool
+    build: str
+    backupTransfer: str
+
+
+def json_response(
+    status: int, body: BaseModel, headers: Mapping[str, str] | None = None
+) -> Response[str]:
+    return Response(
+        status, content_types.APPLICATION_JSON, body.model_dump_json(), headers=dict(headers or {})
+    )
+
+
+# A body model, or a union of them (`Seeded | Cold`) when one status has several bodies.
+Body = type[BaseModel] | UnionType
+
+# What a route may answer besides its own answers: any route, a body that is not JSON
+# (`_json_bodies_only`); a route that takes input and reaches a store, also invalid input
+# (`invalid`) and the domain errors `_answer` maps to 500 or 503.
+_UNSUPPORTED: Mapping[int, Body] = {HTTPStatus.UNSUPPORTED_MEDIA_TYPE: ErrorAnswer}
+_REFUSALS: Mapping[int, Body] = {
+    **_UNSUPPORTED,
+    HTTPStatus.BAD_REQUEST: ErrorAnswer,
+    HTTPStatus.INTERNAL_SERVER_ERROR: ErrorAnswer,
+    HTTPStatus.SERVICE_UNAVAILABLE: ErrorAnswer,
+}
+
+
+def responses(
+    answers: Mapping[int, Body], refusals: Mapping[int, Body] = _REFUSALS
+) -> dict[int, OpenAPIResponse]:
+    """A route's documented answers (its `responses=`): its own and the refusals it shares.
+    A status both give is documented with either body. The handlers return `Response[str]`,
+    which Powertools would otherwise document as one 200 string."""
+    bodies = dict(answers)
+    for status, body in refusals.items():
+        bodies[status] = bodies[status] | body if status in bodies else body
+    return {
+        int(status): {
+            "description": HTTPStatus(status).phrase,
+            "content": {content_types.APPLICATION_JSON: {"model": body}},
+        }
+        for status, body in sorted(bodies.items())
+    }
+
+
+class _Resolver(LambdaFunctionUrlResolver):
+    def __init__(self) -> None:
+        super().__init__(enable_validation=True, json_body_deserializer=parse_body)
+
+    def _to_proxy_event(self, event: dict[str, Any]) -> _FunctionUrlEvent:
+        """Every body is read as UTF-8 or refused (Powertools would raise from inside the
+        validation middleware, a 500)."""
+        return _FunctionUrlEvent(event, self._json_body_deserializer)
+
+    def get_openapi_schema(self, *args: Any, **kwargs: Any) -> OpenAPI:
+        """The generated document without the 422 `HTTPValidationError` (and its schemas)
+        Powertools adds to every route once validation is on: invalid input gets a 400
+        `ErrorAnswer` here (`invalid`), never a 422, and Powertools 3.37 has no way to leave
+        it out (aws-powertools/powertools-lambda-python#4928)."""
+        document = super().get_openapi_schema(*args, **kwargs)
+        for item in (document.paths or {}).values():
+            for operation in (item.get, item.put, item.post, item.delete, item.patch, item.head):
+                if operation is not None and operation.responses:
+                    operation.responses.pop(HTTPStatus.UNPROCESSABLE_ENTITY, None)
+        if document.components and document.components.schemas:
+            for unused in ("HTTPValidationError", "ValidationError", "ResponseValidationError"):
+                document.components.schemas.pop(unused, None)
+        return document
+
+
+def function_url_app() -> LambdaFunctionUrlResolver:
+    app = _Resolver()
+    app.use(middlewares=[_served_routes_only, _json_bodies_only])
+
+    @app.get("/healthz", responses=responses({HTTPStatus.OK: Health}, refusals=_UNSUPPORTED))
+    def healthz() -> Response[str]:
+        build = os.environ.get("SEEDKEEPER_BUILD", __version__)
+        mode = transfer_mode(R2Settings()).mode
+        return json_response(HTTPStatus.OK, Health(ok=True, build=build, backupTransfer=mode))
+
+    @app.exception_handler(RequestValidationError)  # type: ignore[untyped-decorator]
+    def invalid(error: RequestValidationError) -> Response[str]:
+        # Bounded: a form-encoded body's keys become "fields", and they are the caller's bytes.
+        fields = tuple(
+            FieldError(
+                field=".".join(str(part) for part in issue["loc"])[:_FIELD_CHARS],
+                message=str(issue["msg"])[:_FIELD_CHARS],
+            )
+            for issue in error.errors()[:_MAX_FIELDS]
+        )
+        logger.info("request refused", reason="invalid-request", fields=len(fields))
+        return json_response(
+            HTTPStatus.BAD_REQUEST, ErrorAnswer(error="invalid-request", fields=fields)
+        )
+
+    @app.exception_handler(RequestUnsupportedContentType)  # type: ignore[untyped-decorator]
+    def unsupported(_: RequestUnsupportedContentType) -> Response[str]:
+        return _unsupported_media_type()
+
+    @app.exception_handler(ValidationError)  # type: ignore[untyped-decorator]
+    def misconfigured(error: ValidationError) -> Response[str]:
+        # Bodies are validated before a route runs (`invalid`); what fails inside one is the
+        # deployment's settings. Named for the operator, their values never logged.
+        names = [".".join(str(part) for part in issue["loc"]) for issue in error.errors()]
+        logger.error("settings invalid", model=error.title, fields=names[:_MAX_FIELDS])
+        return json_response(HTTPStatus.INTERNAL_SERVER_ERROR, ErrorAnswer(error="internal-error"))
+
+    @app.exception_handler(SeedkeeperError)  # type: ignore[untyped-decorator]
+    def domain(error: SeedkeeperError) -> Response[str]:
+        status, answer = _answer(error)
+        if status >= HTTPStatus.INTERNAL_SERVER_ERROR:
+            logger.exception("request failed", reason=answer.error)
+        else:
+            logger.info("request refused", reason=answer.error)
+        return json_response(status, answer)
+
+    return app
+
+
+def _served_routes_only(
+    app: LambdaFunctionUrlResolver, next_middleware: NextMiddleware
+) -> Response[str]:
+    """A path no route serves is a 404, a method its routes do not serve a 405 naming the
+    ones they do; both before the body or its content type is looked at. (Powertools' own
+    answer to either is a 404 of another shape.)"""
+    allowed = _methods_serving(app, app.current_event.path)
+    if app.current_event.http_method in allowed:
+        answer: Response[str] = next_middleware(app)
+        return answer
+    if not allowed:
+        logger.info("request refused", reason="not-found")
+        return json_response(HTTPStatus.NOT_FOUND, ErrorAnswer(error="not-found"))
+    logger.info("request refused", reason="method-not-allowed")
+    return json_response(
+        HTTPStatus.METHOD_NOT_ALLOWED,
+        ErrorAnswer(error="method-not-allowed"),
+        headers={"Allow": ", ".join(allowed)},
+    )
+
+
+def _methods_serving(app: LambdaFunctionUrlResolver, path: str) -> list[str]:
+    """The methods some route serves at `path`, matched as the resolver matches (its
+    route tables are not public)."""
+    routes = app._static_routes + app._dynamic_routes
+    methods = {route.method for route in routes if route.rule.match(path)}
+    if "GET" in methods:
+        methods.add("HEAD")  # answered by `entrypoint` as GET without the body
+    return sorted(methods)
+
+
+def _json_bodies_only(
+    app: LambdaFunctionUrlResolver, next_middleware: NextMiddleware
+) -> Response[str]:
+    """A body is JSON and says so: `application/json` exactly (a charset may follow).
+    Powertools would also parse `application/jsonx`, or a body with no content type."""
+    event = app.current_event
+    if event.body:
+        declared = event.headers.get("content-type") or event.headers.get("Content-Type") or ""
+        if declared.split(";")[0].strip().lower() != content_types.APPLICATION_JSON:
+            return _unsupported_media_type()
+    answer: Response[str] = next_middleware(app)
+    return answer
+
+
+# Limits on a body, checked before it is parsed (depth) and while it is (the rest).
+MAX_DEPTH = 32
+MAX_DIGITS = 20
+_KEY_CHARS = 40
+# A string, escapes and all, to its closing quote or to the end of the text (an unterminated
+# one, or one ending in a lone backslash): every character is in at most one match, so the
+# scan is one pass however many quotes the text holds.
+_STRING = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)', re.DOTALL)
+_NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
+_NESTING = {"[": 1, "{": 1, "]": -1, "}": -1}
+_DIGIT = re.compile(r"[0-9]")
+
+
+class _Refused(Exception):
+    """A body over a limit; the message names it."""
+
+
+def parse_body(text: str) -> dict[str, Any]:
+    """A request body as JSON, under the limits above, or a `RequestValidationError` on
+    `body`. Not JSON at all is left to the parser's own error (a 400 too). Linear in the
+    body: depth is counted without recursing, before the parser (which recurses) runs."""
+    try:
+        if _depth(text) > MAX_DEPTH:
+            raise _Refused(f"nested deeper than {MAX_DEPTH} levels")
+        parsed = json.loads(
+            text,
+            object_pairs_hook=_unique_keys,
+            parse_int=_bounded(int),
+            parse_float=_bounded(float),
+            parse_constant=_not_json,
+        )
+        if not isinstance(parsed, dict):
+            raise _Refused("must be a JSON object")
+        json.dumps(parsed, ensure_ascii=False).encode()  # a lone surrogate cannot encode
+    except _Refused as refused:
+        raise _body_refused(str(refused)) from None
+    except UnicodeEncodeError:
+        raise _body_refused("not Unicode: a lone surrogate") from None
+    return parsed
+
+
+def _depth(text: str) -> int:
+    brackets = _NOT_A_BRACKET.sub("", _STRING.sub("", text))
+    return max(accumulate(_NESTING[bracket] for bracket in brackets), default=0)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _Refused(f"duplicate key {key[:_KEY_CHARS]!r}")
+        seen.add(key)
+    return dict(pairs)
+
+
+def _bounded(number: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(token: str) -> Any:
+        if len(_DIGIT.findall(token)) > MAX_DIGITS:
+            raise _Refused(f"a number with more than {MAX_DIGITS} digits")
+        return number(token)
+
+    return parse
+
+
+def _not_json(constant: str) -> NoReturn:
+    raise _Refused(f"not JSON: {constant}")
+
+
+def _body_refused(message: str) -> RequestValidationError:
+    return RequestValidationError([{"type": "body_refused", "loc": ("body",), "msg": message}])
+
+
+class _FunctionUrlEvent(LambdaFunctionUrlEvent):
+    @cached_property
+    def decoded_body(self) -> str | None:
+        body: str | None = self.body
+        if not (self.is_base64_encoded and body):
+            return body
+        try:
+            return base64.b64decode(body.encode(), validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise _body_refused("not UTF-8") from None
+
+
+def _unsupported_media_type() -> Response[str]:
+    logger.info("request refused", reason="unsupported-media-type")
+    field = FieldError(field="header.content-type", message="must be application/json")
+    answer = ErrorAnswer(error="unsupported-media-type", fields=(field,))
+    return json_response(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, answer)
+
+
+def _answer(error: SeedkeeperError) -> tuple[int, ErrorAnswer]:
+    if isinstance(error, ResourceNotFound):
+        return HTTPStatus.NOT_FOUND, ErrorAnswer(error="resource-not-found")
+    if isinstance(error, RotationConflict):
+        return HTTPStatus.CONFLICT, ErrorAnswer(error="rotation-conflict")
+    if isinstance(error, SnapshotRefused):
+        return HTTPStatus.CONFLICT, ErrorAnswer(error=error.reason, detail=error.detail)
+    if isinstance(error, R2Unconfigured):
+        return HTTPStatus.SERVICE_UNAVAILABLE, ErrorAnswer(
+            error="r2-unconfigured", detail=", ".join(error.missing)
+        )
+    if isinstance(error, StoreUnavailable | R2Unavailable):
+        return HTTPStatus.SERVICE_UNAVAILABLE, ErrorAnswer(error="retry-later")
+    if isinstance(error, MalformedRecord):
+        return HTTPStatus.INTERNAL_SERVER_ERROR, ErrorAnswer(error="record-malformed")
+    return HTTPStatus.INTERNAL_SERVER_ERROR, ErrorAnswer(error="internal-error")
+
+
+def entrypoint(app: LambdaFunctionUrlResolver) -> Handler:
+    @logger.inject_lambda_context(clear_state=True)
+    def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+        http = event.get("requestContext", {}).get("http", {})
+        if http.get("method") != "HEAD":
+            return app.resolve(event, context)
+        # HEAD is GET without the body: the same status and headers, the same refusals.
+        as_get = event | {
+            "requestContext": event["requestContext"] | {"http": http | {"method": "GET"}}
+        }
+        return app.resolve(as_get, context) | {"body": ""}
+
+    return handler

@@ -1,0 +1,222 @@
+"""The slot lifecycle record (schema 1) and its codec.
+
+Reading classifies an item: `Absent`, `Supported(record)`, `Unsupported` (a schema newer
+than this code: written by a newer deployment) or `Malformed`. Only a `Supported` record
+can be handed to a lifecycle transition, so the other two are never rewritten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from seedkeeper.domain.models import (
+    BackupId,
+    BranchRef,
+    GitSha,
+    Incarnation,
+    Model,
+    Origin,
+    OwnerClaim,
+    SeedIdentity,
+    SlotId,
+)
+from seedkeeper.domain.opwindow import Window
+from seedkeeper.store.items import validate_item
+
+SCHEMA = 1
+LIFECYCLE_SK = "LIFECYCLE"
+SLOT_PREFIX = "SLOT#"
+# The sparse index's partition value: present while a slot may have a live container.
+SWEEP_PARTITION = "live"
+
+EpochSeconds = Annotated[int, Field(ge=0)]
+Detail = Annotated[str, Field(max_length=512)]
+
+
+class State(StrEnum):
+    UNSEEDED = "unseeded"  # durable pre-start classification: cold, no seed ever attempted
+    SEEDING = "seeding"  # a seed attempt was durably marked before any restore effect
+    SEEDED = "seeded"  # restore, fix-up and marker verified; owner bound
+    SEED_FAILED = "seed_failed"  # half tree swept; the slot runs cold and may hold work
+    CLOSING = "closing"  # retirement in progress
+    RETIRED = "retired"  # container stopped after proof; tombstone until TTL
+
+
+LIVE_STATES = frozenset({State.UNSEEDED, State.SEEDING, State.SEEDED, State.SEED_FAILED})
+
+
+class SeedSucceeded(Model):
+    outcome: Literal["seeded"] = "seeded"
+    ref: BranchRef
+    head: GitSha
+    from_backup: BackupId
+    steps: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")], EpochSeconds]
+    ms: EpochSeconds
+
+
+# Why a seed failed: its archives are not recorded (or gone), the restore failed, or the
+# archive tried to cross the trust boundary (DESIGN §9) and was refused.
+FailureReason = Literal["seed-missing", "seed-failed", "unsafe-archive"]
+
+
+class SeedFailed(Model):
+    outcome: Literal["failed"] = "failed"
+    reason: FailureReason
+    step: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
+    detail: Detail
+
+
+SeedResult = Annotated[SeedSucceeded | SeedFailed, Field(discriminator="outcome")]
+
+
+class Checkpoint(Model):
+    """A verified upload of the slot's checkout, tied to one owner and one incarnation."""
+
+    key: Annotated[str, Field(pattern=r"^checkpoints/[A-Za-z0-9][A-Za-z0-9._/-]{0,255}$")]
+    size: EpochSeconds
+    etag: Annotated[str, Field(min_length=1, max_length=128)]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    created_at: EpochSeconds
+    expires_at: EpochSeconds
+    owner: OwnerClaim | None = None  # absent for an unclaimed slot (encode drops None)
+    incarnation: Incarnation
+
+
+class SlotRecord(Model):
+    slot: SlotId
+    rev: Annotated[int, Field(ge=1)]
+    state: State
+    owner: OwnerClaim | None = None
+    seed: SeedIdentity | None = None
+    origin: Origin | None = None
+    attempt: Annotated[int, Field(ge=1)]
+    incarnation: Incarnation | None = None
+    idle_deadline: EpochSeconds
+    window: Window
+    checkpoint: Checkpoint | None = None
+    result: SeedResult | None = None
+    retained_reason: Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,63}$")] | None = None
+    created_at: EpochSeconds
+    updated_at: EpochSeconds
+    expires_at: EpochSeconds | None = None
+
+    @model_validator(mode="after")
+    def _states_carry_their_facts(self) -> SlotRecord:
+        seeded_states = {State.SEEDING, State.SEEDED, State.SEED_FAILED}
+        if self.state is State.UNSEEDED and self.seed is not None:
+            raise ValueError("an unseeded record names a seed")
+        if self.state in seeded_states and self.seed is None:
+            raise ValueError(f"a {self.state} record names no seed")
+        if (self.state is State.SEEDED) != isinstance(self.result, SeedSucceeded):
+            raise ValueError("only a seeded record carries a successful result")
+        if (self.state is State.SEED_FAILED) != isinstance(self.result, SeedFailed):
+            raise ValueError("only a seed_failed record carries a failed result")
+        if (self.state is State.RETIRED) != (self.expires_at is not None):
+            raise ValueError("exactly the retired records carry expires_at")
+        return self
+
+
+@dataclass(frozen=True)
+class Absent:
+    slot: str
+
+
+@dataclass(frozen=True)
+class Supported:
+    record: SlotRecord
+
+    @property
+    def state(self) -> State:
+        return self.record.state
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """Written by a newer deployment: never rewritten, never destroyed."""
+
+    slot: str
+    schema: int
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """Fails validation: never rewritten, never destroyed."""
+
+    slot: str
+    error: str
+
+
+Classified = Absent | Supported | Unsupported | Malformed
+
+
+def slot_key(slot: str) -> dict[str, str]:
+    return {"PK": f"{SLOT_PREFIX}{slot}", "SK": LIFECYCLE_SK}
+
+
+def encode(record: SlotRecord) -> dict[str, Any]:
+    """The DynamoDB item of a record (plain Python values; absent facts are absent
+    attributes). `open_ops` and `sweep` are derived here so conditions can test them."""
+    body = record.model_dump(mode="json", exclude_none=True, exclude={"slot", "window"})
+    window = record.window
+    item: dict[str, Any] = {
+        **slot_key(record.slot),
+        **body,
+        "schema": SCHEMA,
+        "ops": [entry.model_dump(mode="json", exclude_none=True) for entry in window.entries],
+        "next_ordinal": window.next_ordinal,
+        "open_ops": window.unsettled,
+    }
+    if record.state is not State.RETIRED:
+        item["sweep"] = SWEEP_PARTITION
+    return item
+
+
+def classify(slot: str, item: dict[str, Any] | None) -> Classified:
+    """Classify an item as read from the table (numbers arrive as Decimal)."""
+    if item is None:
+        return Absent(slot)
+    schema = item.get("schema")
+    if isinstance(schema, int | Decimal) and schema > SCHEMA:
+        return Unsupported(slot, int(schema))
+    try:
+        record = decode(item)
+    except (ValidationError, ValueError) as invalid:
+        return Malformed(slot, _summarise(invalid))
+    if record.slot != slot:
+        return Malformed(slot, "the item's key names another slot")
+    return Supported(record)
+
+
+def decode(item: dict[str, Any]) -> SlotRecord:
+    fields = dict(item)
+    key, sk = fields.pop("PK", None), fields.pop("SK", None)
+    if not isinstance(key, str) or not key.startswith(SLOT_PREFIX) or sk != LIFECYCLE_SK:
+        raise ValueError("not a slot lifecycle key")
+    if fields.pop("schema", None) != SCHEMA:
+        raise ValueError(f"schema is not {SCHEMA}")
+    open_ops = fields.pop("open_ops", None)
+    sweep = fields.pop("sweep", None)
+    fields["window"] = {
+        "entries": fields.pop("ops", []),
+        "next_ordinal": fields.pop("next_ordinal", None),
+    }
+    fields["slot"] = key.removeprefix(SLOT_PREFIX)
+    record = validate_item(SlotRecord, fields)
+    if open_ops != record.window.unsettled:
+        raise ValueError("open_ops does not count the unsettled operations")
+    if sweep != (None if record.state is State.RETIRED else SWEEP_PARTITION):
+        raise ValueError("sweep does not match the state")
+    return record
+
+
+def _summarise(invalid: Exception) -> str:
+    if isinstance(invalid, ValidationError):
+        first = invalid.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "record"
+        return f"{where}: {first['msg']}"[:200]
+    return str(invalid)[:200]

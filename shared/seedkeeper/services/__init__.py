@@ -1,0 +1,1 @@
+"""What each function does: one call per request, returning domain outcomes."""

@@ -1,0 +1,1 @@
+"""Every DynamoDB read and write: the slot lifecycle, snapshots, the sweep's index."""

@@ -1,0 +1,427 @@
+"""The only code that writes slot lifecycle records.
+
+Each transition is one conditional write. Its condition pins the record as read
+(`rev`) and restates the transition's business rule, so the write happens only if the
+decision made on the read still holds. A failed condition is an answer, not an error:
+it comes back as `Conflict` with the current record (ReturnValuesOnConditionCheckFailure
+= ALL_OLD), and the caller re-decides on it. Nothing here retries blindly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, get_args
+
+from boto3.dynamodb.conditions import Attr, ConditionBase
+from boto3.dynamodb.types import TypeDeserializer
+from botocore.exceptions import ClientError
+
+from seedkeeper.domain import transitions
+from seedkeeper.domain.models import Incarnation, Origin, OwnerClaim, SeedIdentity
+from seedkeeper.domain.opwindow import WINDOW_SIZE, Actor, Operation, OpKind, OpRef
+from seedkeeper.domain.record import (
+    LIVE_STATES,
+    SCHEMA,
+    SWEEP_PARTITION,
+    Checkpoint,
+    Classified,
+    FailureReason,
+    SeedFailed,
+    SeedSucceeded,
+    SlotRecord,
+    State,
+    Supported,
+    classify,
+    encode,
+    slot_key,
+)
+from seedkeeper.domain.transitions import Acknowledged, Change, Refused
+from seedkeeper.errors import translate_client_error
+from seedkeeper.store.items import transaction_condition
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.service_resource import Table
+
+_deserialize = TypeDeserializer().deserialize
+
+
+@dataclass(frozen=True)
+class Written:
+    record: SlotRecord
+    entry: Operation | None = None  # the operation the write reserved or settled
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Someone else moved first: the condition failed against `current`."""
+
+    current: Classified
+
+
+@dataclass(frozen=True)
+class Unmet:
+    """A birth's precondition on another item failed: nothing was written."""
+
+
+Outcome = Written | Conflict | Acknowledged | Refused
+
+
+class Lifecycle:
+    def __init__(self, table: Table) -> None:
+        self._table = table
+
+    def read(self, slot: str) -> Classified:
+        """The record as it is now. Strongly consistent: reads that decide must not see
+        the past."""
+        try:
+            response = self._table.get_item(Key=slot_key(slot), ConsistentRead=True)
+        except ClientError as error:
+            raise translate_client_error(error) from error
+        return classify(slot, response.get("Item"))
+
+    def birth(
+        self,
+        slot: str,
+        *,
+        owner: OwnerClaim | None,
+        seed: SeedIdentity | None,
+        origin: Origin | None,
+        now: int,
+        idle_deadline: int,
+        requires: Mapping[str, Any] | None = None,
+    ) -> Written | Conflict | Unmet:
+        """Write the slot's first record, in one transaction with `requires` (a condition
+        on another item, such as the seed's snapshot being recorded) when given."""
+        change = transitions.born(
+            slot, owner=owner, seed=seed, origin=origin, now=now, idle_deadline=idle_deadline
+        )
+        first_writer = Attr("PK").not_exists()  # a slot is born once
+        put = {
+            "TableName": self._table.name,
+            "Item": encode(change.record),
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            **transaction_condition(first_writer),
+        }
+        items = [{"Put": put}, *([requires] if requires is not None else [])]
+        try:
+            self._table.meta.client.transact_write_items(TransactItems=items)  # type: ignore[arg-type]
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                raise translate_client_error(error) from error
+            born, required = [*error.response.get("CancellationReasons", []), {}, {}][:2]
+            if born.get("Code") == "ConditionalCheckFailed":
+                return Conflict(classify(slot, _item(born.get("Item"))))
+            if required.get("Code") == "ConditionalCheckFailed":
+                return Unmet()
+            if born.get("Code") == "TransactionConflict":
+                return Conflict(self.read(slot))  # another birth is being written: re-decide
+            raise translate_client_error(error) from error
+        return Written(change.record, change.entry)
+
+    def record_incarnation(
+        self, record: SlotRecord, *, incarnation: Incarnation, launch: OpRef, now: int
+    ) -> Outcome:
+        decision = transitions.record_incarnation(
+            record, incarnation=incarnation, launch=launch, now=now
+        )
+        same_attempt = Attr("attempt").eq(record.attempt)  # a newer attempt owns the slot
+        first_incarnation = Attr("incarnation").not_exists()  # the birth container is immutable
+        return self._apply(record, decision, same_attempt & first_incarnation)
+
+    def settle_seed(
+        self,
+        record: SlotRecord,
+        *,
+        attempt: int,
+        restore: OpRef,
+        result: SeedSucceeded | SeedFailed,
+        now: int,
+    ) -> Outcome:
+        decision = transitions.settle_seed(
+            record, attempt=attempt, restore=restore, result=result, now=now
+        )
+        own_attempt = Attr("attempt").eq(attempt)  # only the live attempt settles
+        still_seeding = Attr("state").eq(State.SEEDING.value)  # the first verdict stands
+        return self._apply(record, decision, own_attempt & still_seeding)
+
+    def begin_attempt(self, record: SlotRecord, *, now: int) -> Outcome:
+        decision = transitions.begin_attempt(record, now=now)
+        same_attempt = Attr("attempt").eq(record.attempt)  # one new attempt per lost one
+        still_seeding = Attr("state").eq(State.SEEDING.value)  # a late verdict wins
+        return self._apply(record, decision, same_attempt & still_seeding)
+
+    def touch(
+        self,
+        slot: str,
+        *,
+        owner: OwnerClaim | None,
+        seed: SeedIdentity | None,
+        origin: Origin | None,
+        now: int,
+        idle_deadline: int,
+    ) -> Written | Conflict:
+        """Extend the idle deadline for the slot's own owner, seed and origin: one
+        UpdateItem and no read, so a poll costs one call. The new record is returned.
+
+        No `rev` is read first, so the condition itself must keep the touch off any record
+        it may not write (unsupported, malformed, finished, another's): it pins the identity
+        and checks every attribute the record codec knows, as far as a condition can see it
+        (`_touchable`). What a condition cannot see, and why touching it anyway is safe:
+
+        - An attribute the codec does not know (a newer deployment's, or planted): a
+          condition names the attributes it tests and cannot ask "nothing else". The touch
+          writes, the record read back is `Malformed`, the caller answers 409.
+        - String patterns (ids, refs, sha, incarnation, reason tokens, the claim's text),
+          whether a number is integral, and the members of maps with open keys
+          (`result.steps`): only types, sizes and bounds are visible.
+        - The operation window's entries (their members, ordinals below `next_ordinal`,
+          `open_ops` counting the unsettled ones): a condition addresses list elements by
+          fixed index only, and there are up to sixteen of them.
+        - An unknown member inside `result`, `checkpoint` or the claim, for the same reason
+          as an unknown attribute.
+
+        In each case the touch changes only `idle_deadline`, `updated_at` and `rev`: a later
+        deadline only retains the slot longer (the sweep never stops a record it cannot
+        read as supported), and no reader decides anything on `updated_at` or on the `rev`
+        of a record it cannot decode. A record malformed only in `idle_deadline` or
+        `updated_at` being a fraction becomes readable: those are the two values the touch
+        owns. The identity (owner, seed, origin) and the state are pinned exactly, so a
+        touch never writes another caller's record, malformed or not.
+        """
+        same_owner = _equals("owner", owner)  # the claim is immutable once bound
+        same_seed = _equals("seed", seed)
+        same_origin = _equals("origin", origin)
+        try:
+            response = self._table.update_item(
+                Key=slot_key(slot),
+                UpdateExpression="SET #deadline = :deadline, #updated = :now ADD #rev :one",
+                ExpressionAttributeNames={
+                    "#deadline": "idle_deadline",
+                    "#updated": "updated_at",
+                    "#rev": "rev",
+                },
+                ExpressionAttributeValues={":deadline": idle_deadline, ":now": now, ":one": 1},
+                ConditionExpression=_touchable(seeded=seed is not None)
+                & same_owner
+                & same_seed
+                & same_origin,
+                ReturnValues="ALL_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as error:
+            return self._conflict(slot, error)
+        touched = classify(slot, response["Attributes"])
+        if not isinstance(touched, Supported):
+            return Conflict(touched)
+        return Written(touched.record)
+
+    def fence(self, record: SlotRecord, *, now: int) -> Outcome:
+        decision = transitions.fence(record, now=now)
+        # The business rule itself, so a touch or a seed in the same tick makes it fail:
+        positively_unseeded = Attr("state").eq(State.UNSEEDED.value)
+        still_idle = Attr("idle_deadline").lt(now)
+        nothing_in_flight = Attr("open_ops").eq(0)
+        return self._apply(record, decision, positively_unseeded & still_idle & nothing_in_flight)
+
+    def retire(self, record: SlotRecord, *, stop: OpRef, now: int, expires_at: int) -> Outcome:
+        decision = transitions.retire(record, stop=stop, now=now, expires_at=expires_at)
+        fenced = Attr("state").eq(State.CLOSING.value)  # only through the fence
+        return self._apply(record, decision, fenced)
+
+    def record_checkpoint(
+        self, record: SlotRecord, *, checkpoint: Checkpoint, upload: OpRef, now: int
+    ) -> Outcome:
+        decision = transitions.record_checkpoint(
+            record, checkpoint=checkpoint, upload=upload, now=now
+        )
+        same_incarnation = Attr("incarnation").eq(checkpoint.incarnation)
+        same_owner = _equals("owner", checkpoint.owner)
+        return self._apply(record, decision, same_incarnation & same_owner)
+
+    def note_retained(self, record: SlotRecord, *, reason: str, now: int) -> Outcome:
+        decision = transitions.note_retained(record, reason=reason, now=now)
+        return self._apply(record, decision, None)
+
+    def reserve(self, record: SlotRecord, *, kind: OpKind, actor: Actor, now: int) -> Outcome:
+        decision = transitions.reserve(record, kind=kind, actor=actor, now=now)
+        not_retired = Attr("state").ne(State.RETIRED.value)
+        return self._apply(record, decision, not_retired)
+
+    def settle(self, record: SlotRecord, *, ref: OpRef, outcome: str, now: int) -> Outcome:
+        decision = transitions.settle(record, ref=ref, outcome=outcome, now=now)
+        return self._apply(record, decision, None)
+
+    def _apply(
+        self,
+        read: SlotRecord,
+        decision: transitions.Decision,
+        rule: ConditionBase | None,
+    ) -> Outcome:
+        """Write a `Change` as one UpdateItem: SET what changed, REMOVE what is gone."""
+        if not isinstance(decision, Change):
+            return decision
+        unchanged_since_read = Attr("rev").eq(read.rev)
+        supported = Attr("schema").eq(SCHEMA)
+        condition = unchanged_since_read & supported
+        if rule is not None:
+            condition = condition & rule
+        expression, names, values = _update_expression(encode(read), encode(decision.record))
+        try:
+            self._table.update_item(
+                Key=slot_key(read.slot),
+                UpdateExpression=expression,
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+                ConditionExpression=condition,
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as error:
+            return self._conflict(read.slot, error)
+        return Written(decision.record, decision.entry)
+
+    @staticmethod
+    def _conflict(slot: str, error: ClientError) -> Conflict:
+        if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+            raise translate_client_error(error) from error
+        return Conflict(classify(slot, _item(error.response.get("Item"))))
+
+
+def _item(returned: object) -> dict[str, Any] | None:
+    """An item DynamoDB handed back with a failed condition (in its wire format)."""
+    if not isinstance(returned, Mapping) or not returned:
+        return None
+    return {name: _deserialize(value) for name, value in returned.items()}
+
+
+def _update_expression(
+    before: dict[str, Any], after: dict[str, Any]
+) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """SET every attribute that changed, REMOVE every one that is gone; every name and
+    value through a placeholder."""
+    changed = [name for name in after if before.get(name) != after[name]]
+    removed = [name for name in before if name not in after]
+    names = {f"#a{index}": name for index, name in enumerate(changed + removed)}
+    values = {f":a{index}": after[name] for index, name in enumerate(changed)}
+    clauses = ["SET " + ", ".join(f"#a{index} = :a{index}" for index in range(len(changed)))]
+    if removed:
+        first = len(changed)
+        clauses.append(
+            "REMOVE " + ", ".join(f"#a{index}" for index in range(first, first + len(removed)))
+        )
+    return " ".join(clauses), names, values
+
+
+def _equals(name: str, value: OwnerClaim | SeedIdentity | str | None) -> ConditionBase:
+    if value is None:
+        return _absent(name)
+    if isinstance(value, str):
+        return Attr(name).eq(value)
+    return Attr(name).eq(value.model_dump(mode="json", exclude_none=True))
+
+
+# What the codec requires of a live record (record.py), as a condition can see it. Sizes
+# are the models' own bounds; a comparison with a number is false for any other type.
+_MAX_INCARNATION = 512
+_MAX_BACKUP_ID = 128
+_MAX_BRANCH = 255
+_PENDING_STATES = (State.UNSEEDED, State.SEEDING)  # no verdict yet: no result
+
+
+def _touchable(*, seeded: bool) -> ConditionBase:
+    """A live record of this schema the codec would read, as far as a condition sees it.
+    A cold poll (`seeded` false) may only touch an unseeded record: every other live state
+    names a seed."""
+    states = [s for s in State if s in LIVE_STATES and (s is not State.UNSEEDED) == seeded]
+    pending = [s.value for s in _PENDING_STATES if s in states]
+    verdict: ConditionBase = Attr("state").is_in(pending) & _absent("result")
+    if seeded:
+        verdict = (
+            verdict
+            | (Attr("state").eq(State.SEEDED.value) & _succeeded())
+            | (Attr("state").eq(State.SEED_FAILED.value) & _failed())
+        )
+    return (
+        Attr("schema").eq(SCHEMA)  # never write a newer deployment's record
+        & Attr("state").is_in([s.value for s in states])
+        & verdict
+        & Attr("sweep").eq(SWEEP_PARTITION)  # every live record is on the sweep's index
+        & _absent("expires_at")  # only a retired record expires
+        & _number("rev", 1)
+        & _number("attempt", 1)
+        & _number("idle_deadline", 0)
+        & _number("created_at", 0)
+        & _number("updated_at", 0)
+        & _number("next_ordinal", 1)
+        & _number("open_ops", 0, WINDOW_SIZE)
+        & (
+            Attr("ops").not_exists()
+            | (Attr("ops").attribute_type("L") & Attr("ops").size().lte(WINDOW_SIZE))
+        )
+        & _optional("incarnation", _text("incarnation", 1, _MAX_INCARNATION))
+        & _optional("retained_reason", _text("retained_reason", 1, 64))
+        & _optional("checkpoint", _checkpoint())
+    )
+
+
+def _succeeded() -> ConditionBase:
+    return (
+        Attr("result").attribute_type("M")
+        & Attr("result.outcome").eq("seeded")
+        & _text("result.ref", 1, _MAX_BRANCH)
+        & _sha("result.head")
+        & _text("result.from_backup", 1, _MAX_BACKUP_ID)
+        & Attr("result.steps").attribute_type("M")
+        & _number("result.ms", 0)
+    )
+
+
+def _failed() -> ConditionBase:
+    return (
+        Attr("result").attribute_type("M")
+        & Attr("result.outcome").eq("failed")
+        & Attr("result.reason").is_in(list(get_args(FailureReason)))
+        & _text("result.step", 1, 32)
+        & _text("result.detail", 0, 512)
+    )
+
+
+def _checkpoint() -> ConditionBase:
+    owner = "checkpoint.owner"
+    claim: ConditionBase = Attr(owner).attribute_type("M")
+    for member in OwnerClaim.model_fields:
+        claim = claim & Attr(f"{owner}.{member}").attribute_type("S")
+    return (
+        Attr("checkpoint").attribute_type("M")
+        & _text("checkpoint.key", len("checkpoints/") + 1, len("checkpoints/") + 256)
+        & _number("checkpoint.size", 0)
+        & _text("checkpoint.etag", 1, 128)
+        & _text("checkpoint.sha256", 64, 64)
+        & _number("checkpoint.created_at", 0)
+        & _number("checkpoint.expires_at", 0)
+        & _optional(owner, claim)  # absent (or null) for an unclaimed slot
+        & _text("checkpoint.incarnation", 1, _MAX_INCARNATION)
+    )
+
+
+def _absent(path: str) -> ConditionBase:
+    """No such fact: the codec reads a missing attribute and a NULL one alike."""
+    return Attr(path).not_exists() | Attr(path).attribute_type("NULL")
+
+
+def _optional(path: str, present: ConditionBase) -> ConditionBase:
+    return _absent(path) | present
+
+
+def _number(path: str, least: int, most: int | None = None) -> ConditionBase:
+    bounded = Attr(path).gte(least) if most is None else Attr(path).between(least, most)
+    return Attr(path).attribute_type("N") & bounded
+
+
+def _text(path: str, least: int, most: int) -> ConditionBase:
+    return Attr(path).attribute_type("S") & Attr(path).size().between(least, most)
+
+
+def _sha(path: str) -> ConditionBase:
+    size = Attr(path).size()  # sha-1 or sha-256
+    return Attr(path).attribute_type("S") & (size.eq(40) | size.eq(64))

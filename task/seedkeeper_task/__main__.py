@@ -1,0 +1,7 @@
+"""Run the slot task: `python -m seedkeeper_task`."""
+
+import sys
+
+from seedkeeper_task.supervisor import main
+
+sys.exit(main())

@@ -1,0 +1,427 @@
+"""The slot task: restore the slot's seed, verified, before the run's first command; then
+run the slot's sandbox command.
+
+DESIGN §6, step by step: re-read the record and the workspace marker (refusing before
+anything is removed when either says the workspace belongs to someone); sweep an earlier
+attempt's debris; download and verify each archive; extract it so its target appears
+last; fix up git with argv lists; write the marker; settle the operation and the record,
+conditional on this attempt. Any failure removes the half tree (after the download
+workers are joined) and settles `seed_failed` with its reason and step.
+
+Logs are JSON events; a presigned URL never appears in one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from seedkeeper.config import StoreSettings
+from seedkeeper.domain.models import Model, Origin, OwnerClaim, SeedIdentity
+from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
+from seedkeeper.domain.record import FailureReason, SeedFailed, SeedSucceeded, State, Supported
+from seedkeeper.domain.snapshots import Archive
+from seedkeeper.domain.transitions import Acknowledged
+from seedkeeper.observability import logger
+from seedkeeper.store.lifecycle import Conflict, Lifecycle, Written
+from seedkeeper.store.snapshots import SnapshotStore
+from seedkeeper_task.restore.download import DownloadFailed, download
+from seedkeeper_task.restore.extract import (
+    ExtractFailed,
+    UnsafeArchive,
+    check_links,
+    extract,
+    sweep_staging,
+)
+from seedkeeper_task.restore.repository import SafeGit, UnsafeRepository, empty_home, make_safe
+from seedkeeper_task.sandbox import (
+    STATE_DIR,
+    end,
+    end_user_processes,
+    fresh_home,
+    make_undumpable,
+    relay_output,
+    start,
+)
+from seedkeeper_task.slot_user import SlotUser, slot_user
+
+CHECKOUT = "checkout"
+HOME = "home"  # the sandbox's HOME, the slot user's, emptied before each run
+MARKER = "seed.json"
+_SETTLE_ROUNDS = 8
+
+Verdict = Literal["seeded", "failed", "superseded"]
+
+
+class TaskSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SEEDKEEPER_", extra="ignore", frozen=True)
+
+    workspace: Path = Path("/workspace")
+    incarnation: str | None = None
+    restore_timeout: Annotated[float, Field(gt=0)] = 900.0
+    download_parts: Annotated[int, Field(ge=1, le=32)] = 4
+    download_stall_timeout: Annotated[float, Field(gt=0)] = 15.0  # seconds without a byte
+    download_retries: Annotated[int, Field(ge=0, le=20)] = 5  # per range, in a row, no progress
+    # The slot user: runs unsquashfs, git and the sandbox, owns the restored tree. None, or
+    # a task that is not root: the task's own user does (a developer's local stack).
+    slot_uid: int | None = None
+    slot_gid: int | None = None
+    sandbox_command: tuple[str, ...] = ()  # argv (JSON list); empty: wait until stopped
+
+    def slot_user(self) -> SlotUser | None:
+        return slot_user(self.slot_uid, self.slot_gid)
+
+
+class Marker(Model):
+    """Names the seed a workspace's checkout came from, and whose it is."""
+
+    slot: str
+    attempt: int
+    seed: SeedIdentity
+    owner: OwnerClaim | None
+    origin: Origin | None
+    head: str
+
+
+class StepFailed(Exception):
+    def __init__(self, step: str, reason: FailureReason, detail: str) -> None:
+        super().__init__(f"{step}: {detail}")
+        self.step, self.reason, self.detail = step, reason, detail
+
+
+class Superseded(Exception):
+    """The record says this attempt is not the live one: touch nothing, settle nothing."""
+
+
+class SlotTask:
+    def __init__(
+        self,
+        plan: SlotPlan,
+        settings: TaskSettings,
+        lifecycle: Lifecycle,
+        snapshots: SnapshotStore,
+        stop: threading.Event,
+    ) -> None:
+        self.plan = plan
+        self.settings = settings
+        self.lifecycle = lifecycle
+        self.snapshots = snapshots
+        self.stop = stop
+        self.workspace = settings.workspace
+        self.checkout = self.workspace / CHECKOUT
+        self.state_dir = self.workspace / STATE_DIR
+        self.steps: dict[str, int] = {}
+
+    # -- the restore ---------------------------------------------------------------
+
+    def restore(self) -> Verdict:
+        seed = self.plan.seed
+        assert seed is not None
+        started = time.monotonic()
+        try:
+            self._preflight(seed)
+        except Superseded as superseded:
+            logger.warning("restore superseded", why=str(superseded))
+            return "superseded"
+        except StepFailed as failed:
+            logger.warning("restore refused", step=failed.step, why=failed.detail)
+            return self._settle(
+                SeedFailed(reason=failed.reason, step=failed.step, detail=failed.detail)
+            )
+        created: list[Path] = []
+        try:
+            head = self._seed(seed, created)
+        except StepFailed as failed:
+            logger.warning("restore failed", step=failed.step, reason=failed.reason)
+            for path in reversed(created):
+                shutil.rmtree(path, ignore_errors=True)
+            self._discard_downloads()
+            return self._settle(
+                SeedFailed(reason=failed.reason, step=failed.step, detail=failed.detail[:500])
+            )
+        self._discard_downloads()
+        total = int((time.monotonic() - started) * 1000)
+        return self._settle(
+            SeedSucceeded(
+                ref=seed.ref,
+                head=head,
+                from_backup=seed.checkout_backup_id,
+                steps=self.steps,
+                ms=total,
+            )
+        )
+
+    def _preflight(self, seed: SeedIdentity) -> None:
+        """Refuse before anything is removed unless this attempt is the live one and the
+        workspace holds nothing bound to anyone; then sweep an earlier attempt's debris."""
+        classified = self.lifecycle.read(self.plan.slot)
+        if not isinstance(classified, Supported):
+            raise Superseded("no supported record")
+        record = classified.record
+        if record.attempt != self.plan.attempt or record.state is not State.SEEDING:
+            raise Superseded("the record moved on")
+        marker = self._marker()
+        if marker is not None and (marker.seed != seed or marker.owner is not None):
+            raise StepFailed("sweep", "seed-failed", "the workspace holds a bound checkout")
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        sweep_staging(self.workspace)
+        if self.checkout.exists():
+            sweep_staging(self.checkout)
+            shutil.rmtree(self.checkout)  # an unbound tree: never handed to a run
+        self._discard_downloads()
+        (self.state_dir / MARKER).unlink(missing_ok=True)
+
+    def _seed(self, seed: SeedIdentity, created: list[Path]) -> str:
+        plan = self.plan
+        assert plan.checkout is not None
+        downloads = self.state_dir / "downloads"
+        downloads.mkdir(parents=True, exist_ok=True)
+        # Searchable, not listable: the slot user's unsquashfs opens an archive by its name.
+        for folder in (self.state_dir, downloads):
+            folder.chmod(0o711)
+        deadline = time.monotonic() + self.settings.restore_timeout
+        with self._step("download"):
+            checkout, deps = self._recorded_archives(seed)
+            archive = self._download(plan.checkout, checkout, downloads / "checkout.sqsh", deadline)
+            deps_archive = None
+            if deps is not None:
+                assert plan.deps is not None
+                deps_archive = self._download(plan.deps, deps, downloads / "deps.sqsh", deadline)
+        with self._step("extract"):
+            created.append(self.checkout)
+            self._extract(archive, self.checkout)
+            if deps_archive is not None:
+                deps_target = self.checkout / plan.deps_path
+                self._make_folders_above(deps_target)
+                self._extract(deps_archive, deps_target)
+        with self._step("fixup"):
+            head = self._fix_up(seed)
+            self._check_whole_checkout()
+        with self._step("marker"):
+            self._write_marker(seed, head)
+        return head
+
+    def _recorded_archives(self, seed: SeedIdentity) -> tuple[Archive, Archive | None]:
+        """What to verify against, read from the snapshot records themselves."""
+        archives = self.snapshots.read(seed.resource).archives_for(seed)
+        if archives is None:
+            raise StepFailed("download", "seed-missing", "no recorded generation names the seed")
+        return archives
+
+    def _download(self, url: SecretStr, archive: Archive, target: Path, deadline: float) -> Path:
+        try:
+            download(
+                url.get_secret_value(),
+                target,
+                size=archive.size,
+                sha256=archive.sha256,
+                deadline=deadline,
+                parts=self.settings.download_parts,
+                stall_timeout=self.settings.download_stall_timeout,
+                max_retries=self.settings.download_retries,
+                cancel=self.stop,
+            )
+        except DownloadFailed as failed:
+            missing = failed.reason == "http-404"
+            raise StepFailed(
+                failed.step, "seed-missing" if missing else "seed-failed", failed.reason
+            ) from failed
+        return target
+
+    def _extract(self, archive: Path, target: Path) -> None:
+        try:
+            extract(archive, target, owner=self.settings.slot_user())
+        except UnsafeArchive as unsafe:
+            raise StepFailed("extract", "unsafe-archive", str(unsafe)) from unsafe
+        except (ExtractFailed, FileExistsError) as failed:
+            raise StepFailed("extract", "seed-failed", str(failed)) from failed
+
+    def _make_folders_above(self, target: Path) -> None:
+        """The folders a nested deps path lands in, the slot user's like the rest of the
+        checkout (the supervisor makes them: it is root)."""
+        user = self.settings.slot_user()
+        folder = self.checkout
+        try:
+            for part in target.relative_to(self.checkout).parent.parts:
+                folder = folder / part
+                if not os.path.lexists(folder):
+                    folder.mkdir()
+                    if user is not None:
+                        os.chown(folder, user.uid, user.gid)
+        except OSError as failed:
+            raise StepFailed("extract", "seed-failed", f"deps path: {failed.strerror}") from failed
+
+    def _check_whole_checkout(self) -> None:
+        """Each archive was checked against its own root; the checkout and the deps tree
+        inside it are checked together (a link in one may climb through a link in the
+        other), after git has written the seed's commit."""
+        try:
+            check_links(self.checkout)
+        except UnsafeArchive as unsafe:
+            raise StepFailed("fixup", "unsafe-archive", str(unsafe)) from unsafe
+
+    def _fix_up(self, seed: SeedIdentity) -> str:
+        """The archive's `.git` is data: check it and replace its config before git runs
+        at all, then git runs hardened, as the slot user, on that repository only."""
+        plan = self.plan
+        with empty_home() as home:
+            git = SafeGit(
+                self.checkout,
+                ceiling=self.workspace,
+                home=home,
+                user=self.settings.slot_user(),
+                timeout=max(1.0, self.settings.restore_timeout),
+            )
+            try:
+                dropped = make_safe(git, origin=plan.origin, branch=seed.ref, owner=git.user)
+            except UnsafeRepository as unsafe:
+                raise StepFailed("fixup", "unsafe-archive", str(unsafe)) from unsafe
+            if dropped:
+                logger.warning("archive credentials dropped", keys=dropped)
+            target = seed.sha
+            if seed.fetch_ref is not None:
+                self._git(git, "fetch", "--quiet", "--no-tags", "origin", "--", seed.fetch_ref)
+                target = seed.fetch_sha or self._git(
+                    git, "rev-parse", "--verify", "FETCH_HEAD^{commit}"
+                )
+            # No --force: it would rewrite every file whose cached stat data is stale (all
+            # of them, freshly extracted), and it would silently discard a conflicting change.
+            self._git(git, "checkout", "--quiet", "-B", seed.ref, target, "--")
+            head = self._git(git, "rev-parse", "--verify", "HEAD^{commit}")
+        if plan.owner is not None and head != plan.owner.head:
+            raise StepFailed("fixup", "seed-failed", "HEAD is not the claim's head")
+        return head
+
+    def _git(self, git: SafeGit, *args: str) -> str:
+        try:
+            return git(*args)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as failed:
+            stderr = failed.stderr if isinstance(failed.stderr, str) else ""
+            raise StepFailed(
+                "fixup", "seed-failed", f"git {args[0]}: {stderr.strip()[-300:]}"
+            ) from failed
+
+    def _write_marker(self, seed: SeedIdentity, head: str) -> None:
+        marker = Marker(
+            slot=self.plan.slot,
+            attempt=self.plan.attempt,
+            seed=seed,
+            owner=self.plan.owner,
+            origin=self.plan.origin,
+            head=head,
+        )
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        staged = self.state_dir / f".{MARKER}.tmp"
+        staged.write_text(marker.model_dump_json())
+        staged.chmod(0o600)  # the supervisor's: it names the owner's claim
+        staged.replace(self.state_dir / MARKER)
+
+    def _marker(self) -> Marker | None:
+        path = self.state_dir / MARKER
+        if not path.exists():
+            return None
+        try:
+            return Marker.model_validate_json(path.read_text())
+        except ValueError as invalid:
+            raise StepFailed("sweep", "seed-failed", "an unreadable marker") from invalid
+
+    def _discard_downloads(self) -> None:
+        shutil.rmtree(self.state_dir / "downloads", ignore_errors=True)
+
+    @contextmanager
+    def _step(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        yield
+        self.steps[name] = int((time.monotonic() - started) * 1000)
+
+    def _settle(self, result: SeedSucceeded | SeedFailed) -> Verdict:
+        """Settle this attempt's restore with its verdict, re-deciding when a poll touched
+        the record in between; superseded when the record moved on."""
+        for _ in range(_SETTLE_ROUNDS):
+            classified = self.lifecycle.read(self.plan.slot)
+            if not isinstance(classified, Supported):
+                return "superseded"
+            outcome = self.lifecycle.settle_seed(
+                classified.record,
+                attempt=self.plan.attempt,
+                restore=self.plan.op,
+                result=result,
+                now=int(time.time()),
+            )
+            if isinstance(outcome, Written | Acknowledged):
+                state = outcome.record.state
+                logger.info("restore settled", state=state)
+                return "seeded" if state is State.SEEDED else "failed"
+            if not isinstance(outcome, Conflict):
+                logger.warning("restore not settled", why=outcome.reason)
+                return "superseded"
+        return "superseded"
+
+    # -- after the restore -----------------------------------------------------------
+
+    def run_sandbox(self) -> int:
+        command = self.settings.sandbox_command
+        if not command:
+            self.stop.wait()  # stays alive until stopped
+            return 0
+        user = self.settings.slot_user()
+        if user is None:
+            logger.warning("sandbox not dropped to a slot user", euid=os.geteuid())
+        home = fresh_home(self.workspace / HOME, user)
+        cwd = self.checkout if self.checkout.exists() else home
+        try:
+            process = start(command, cwd=cwd, home=home, user=user)
+        except OSError as unstartable:
+            logger.warning("sandbox not started", why=type(unstartable).__name__)
+            return 127  # as a shell answers a command it cannot run
+        relay = relay_output(process, lambda line: logger.info("sandbox output", line=line))
+        try:
+            while process.poll() is None:
+                if self.stop.wait(0.2):
+                    return end(process)
+            return process.returncode
+        finally:
+            if user is not None:
+                end_user_processes(user.uid)  # what left its session ends with it
+            relay.join(timeout=2)
+
+
+def main() -> int:
+    # First: the environment this process started with (plan, credentials) stays in its
+    # memory, and the sandbox must not read it through /proc.
+    make_undumpable()
+    stop = threading.Event()
+    for stopping in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stopping, lambda *_: stop.set())
+    plan = SlotPlan.from_env(os.environ.pop(PLAN_VARIABLE))
+    settings = TaskSettings()
+    user = settings.slot_user()
+    if user is not None:
+        # The slot user is this slot's alone: nothing an earlier attempt's sandbox left may
+        # run while the supervisor, as root, works in the tree that user owns.
+        end_user_processes(user.uid)
+    table = StoreSettings().table_resource()
+    task = SlotTask(plan, settings, Lifecycle(table), SnapshotStore(table), stop)
+    logger.append_keys(slot=plan.slot, attempt=plan.attempt, incarnation=settings.incarnation)
+    logger.info("task started", seeded=plan.seed is not None)
+    if plan.seed is not None and task.restore() == "superseded":
+        return 0  # another attempt owns the slot now
+    code = task.run_sandbox()
+    logger.info("task stopped", stopped_by_signal=stop.is_set())
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2 @@
+"""Developer tools: the `seedkeeper` command, the demo, the local stack, the executor's
+client and publishing. Never shipped to Lambda."""

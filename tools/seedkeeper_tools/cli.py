@@ -1,0 +1,372 @@
+"""The `seedkeeper` command: operator tools over the same modules the functions use.
+
+Configuration comes from the environment (`SEEDKEEPER_TABLE`, `SEEDKEEPER_R2_*`, the usual
+AWS variables); `--table` and `--endpoint-url` override the table's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import boto3
+from pydantic import TypeAdapter, ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TransferSpeedColumn
+from rich.table import Table
+
+from seedkeeper import __version__
+from seedkeeper.adapters.r2 import R2, R2Settings
+from seedkeeper.config import StoreSettings, snapshots
+from seedkeeper.domain.models import ResourceName, SlotId
+from seedkeeper.domain.record import (
+    Absent,
+    Classified,
+    Malformed,
+    SlotRecord,
+    Supported,
+    Unsupported,
+)
+from seedkeeper.domain.snapshots import Snapshot
+from seedkeeper.errors import SeedkeeperError
+from seedkeeper.services.rotation import Payment, Recorded, SnapshotStatus
+from seedkeeper_tools.demo import run_demo
+from seedkeeper_tools.infra import create_table, load_template
+from seedkeeper_tools.local.gateway import LocalCredentials
+from seedkeeper_tools.local.stack import LocalStack
+from seedkeeper_tools.publish import publish
+
+console = Console()
+Command = Callable[[argparse.Namespace], int]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    command: Command = args.run
+    try:
+        return command(args)
+    except ValidationError as invalid:
+        for error in invalid.errors():
+            field = ".".join(str(part) for part in error["loc"])
+            console.print(f"[red]{field}[/red]: {error['msg']}")
+        return 2
+    except SeedkeeperError as error:
+        console.print(f"[red]{type(error).__name__}[/red]: {error}")
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="seedkeeper", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"seedkeeper {__version__}")
+    store = argparse.ArgumentParser(add_help=False)
+    store.add_argument("--table", help="lifecycle table name (default: $SEEDKEEPER_TABLE)")
+    store.add_argument(
+        "--endpoint-url",
+        help="DynamoDB endpoint, for a local stand-in (default: $SEEDKEEPER_DYNAMODB_ENDPOINT)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    slot = commands.add_parser(
+        "slot", parents=[store], help="show a slot's lifecycle record as the code classifies it"
+    )
+    slot.add_argument("slot", type=_valid(SlotId), help="the slot id")
+    slot.set_defaults(run=_show_slot)
+
+    table = commands.add_parser(
+        "table-create", parents=[store], help="create the table as template.yaml declares it"
+    )
+    table.set_defaults(run=_create_table)
+
+    publishing = commands.add_parser(
+        "publish", parents=[store], help="archive a checkout (and deps), upload to R2, rotate"
+    )
+    publishing.add_argument("--resource", required=True, type=_valid(ResourceName))
+    publishing.add_argument("--checkout", required=True, type=Path, help="a git checkout")
+    publishing.add_argument("--deps", type=Path, help="the dependency tree to archive")
+    publishing.add_argument("--lockfile-hash", help="the key of the dependency archive")
+    publishing.add_argument("--ref", help="the branch to record (default: the checkout's)")
+    publishing.add_argument(
+        "--scrub-credentials",
+        action="store_true",
+        help="archive a copy of .git/config without the credentials found in it (the "
+        "checkout is left as it is); without it, such a checkout is refused",
+    )
+    publishing.set_defaults(run=_publish)
+
+    resources = commands.add_parser("snapshots", help="inspect or delete a resource's snapshots")
+    actions = resources.add_subparsers(dest="action", required=True)
+    for action, run, text in [
+        ("show", _show_snapshots, "both generations, the seed handle, pending deletions"),
+        ("delete", _delete_snapshots, "delete every recorded object, then the records"),
+    ]:
+        sub = actions.add_parser(action, parents=[store], help=text)
+        sub.add_argument("resource", type=_valid(ResourceName))
+        sub.set_defaults(run=run)
+
+    bucket = commands.add_parser("r2-bucket-create", help="create the R2 bucket if it is missing")
+    bucket.set_defaults(run=_create_bucket)
+
+    lifecycle = commands.add_parser(
+        "r2-lifecycle", help="the bucket's retention backstop (backups/ expire after 365 days)"
+    )
+    mode = lifecycle.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--apply", action="store_true", help="set the rules, keeping others")
+    mode.add_argument("--check", action="store_true", help="verify the rules; exit 1 if wrong")
+    lifecycle.set_defaults(run=_r2_lifecycle)
+    local = commands.add_parser("local", help="run all of Seedkeeper on this machine")
+    local.add_argument("--port", type=int, default=8787)
+    local.add_argument("--data-dir", type=Path, default=Path(".seedkeeper"))
+    local.add_argument("--sweep-interval", type=float, default=30.0, help="seconds")
+    local.set_defaults(run=_local)
+
+    demo = commands.add_parser("demo", help="run the whole protocol locally, checked step by step")
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def _local(args: argparse.Namespace) -> int:
+    credentials = LocalCredentials(
+        os.environ.get("SEEDKEEPER_LOCAL_ACCESS_KEY_ID", "seedkeeper-local"),
+        os.environ.get("SEEDKEEPER_LOCAL_SECRET_ACCESS_KEY", "seedkeeper-local-secret"),
+    )
+    stack = LocalStack(
+        data_dir=args.data_dir,
+        port=args.port,
+        credentials=credentials,
+        sweep_interval=args.sweep_interval,
+    )
+    stopping = threading.Event()
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, lambda *_: stopping.set())
+    stack.start()
+    console.print(f"Seedkeeper is listening on [bold]{stack.url}[/bold]")
+    console.print(
+        f"sign requests (SigV4, service lambda) with access key {credentials.access_key}; "
+        "Ctrl-C stops everything"
+    )
+    stopping.wait()
+    stack.stop()
+    console.print("stopped: gateway, slot processes, moto")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    return run_demo()
+
+
+def _valid(annotation: Any) -> Callable[[str], str]:
+    adapter: TypeAdapter[str] = TypeAdapter(annotation)
+
+    def parse(value: str) -> str:
+        try:
+            return adapter.validate_python(value)
+        except ValidationError as invalid:
+            raise argparse.ArgumentTypeError(invalid.errors()[0]["msg"]) from invalid
+
+    return parse
+
+
+def _store(args: argparse.Namespace) -> StoreSettings:
+    overrides = {"table": args.table, "dynamodb_endpoint": args.endpoint_url}
+    return StoreSettings(**{name: value for name, value in overrides.items() if value})
+
+
+def _r2() -> R2:
+    """R2, or R2Unconfigured naming what is missing."""
+    return R2.from_settings(R2Settings())
+
+
+def _show_slot(args: argparse.Namespace) -> int:
+    classified = _store(args).lifecycle().read(args.slot)
+    console.print(_describe(classified))
+    return 0 if isinstance(classified, Supported) else 1
+
+
+def _create_table(args: argparse.Namespace) -> int:
+    settings = _store(args)
+    client = boto3.client("dynamodb", endpoint_url=settings.dynamodb_endpoint)
+    create_table(client, settings.table, load_template())
+    console.print(f"created table [bold]{settings.table}[/bold] from template.yaml")
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    r2 = _r2()
+    service = snapshots(_store(args), R2Settings())
+    with Progress(
+        "{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=console
+    ) as bar:
+        tasks: dict[str, TaskID] = {}
+
+        def advance(label: str, done: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = bar.add_task(label, total=total)
+            bar.update(tasks[label], completed=done)
+
+        recorded = publish(
+            resource=args.resource,
+            checkout=args.checkout,
+            snapshots=service,
+            r2=r2,
+            deps=args.deps,
+            lockfile_hash=args.lockfile_hash,
+            ref=args.ref,
+            progress=advance,
+            scrub_credentials=args.scrub_credentials,
+            scrubbed=lambda removed: console.print(
+                f"scrubbed from the archive: {', '.join(removed)}", markup=False
+            ),
+        )
+    console.print(_recorded(recorded))
+    return 0
+
+
+def _show_snapshots(args: argparse.Namespace) -> int:
+    console.print(_status(snapshots(_store(args), R2Settings()).status(args.resource)))
+    return 0
+
+
+def _delete_snapshots(args: argparse.Namespace) -> int:
+    payment = snapshots(_store(args), R2Settings()).delete(args.resource)
+    console.print(_payment(payment))
+    return 0 if not payment.pending else 1
+
+
+def _create_bucket(args: argparse.Namespace) -> int:
+    created = _r2().create_bucket()
+    console.print("created the bucket" if created else "the bucket already exists")
+    return 0
+
+
+def _r2_lifecycle(args: argparse.Namespace) -> int:
+    r2 = _r2()
+    if args.apply:
+        r2.apply_lifecycle()
+    problems = r2.lifecycle_problems()
+    for problem in problems:
+        console.print(f"[red]lifecycle[/red]: {problem}")
+    if not problems:
+        console.print(
+            "lifecycle: backups/ expire after 365 days; incomplete uploads abort after 1 day"
+        )
+    return 1 if problems else 0
+
+
+def _describe(classified: Classified) -> Table | str:
+    if isinstance(classified, Absent):
+        return f"slot {classified.slot}: [yellow]absent[/yellow] (no lifecycle record)"
+    if isinstance(classified, Unsupported):
+        return (
+            f"slot {classified.slot}: [yellow]unsupported[/yellow] (schema {classified.schema}, "
+            "written by a newer deployment; retained, never rewritten)"
+        )
+    if isinstance(classified, Malformed):
+        return (
+            f"slot {classified.slot}: [red]malformed[/red] ({classified.error}; "
+            "retained, never rewritten)"
+        )
+    return _facts(f"slot {classified.record.slot}", _slot_facts(classified.record))
+
+
+def _slot_facts(record: SlotRecord) -> dict[str, str]:
+    seed, owner = record.seed, record.owner
+    return {
+        "state": record.state.value,
+        "rev": str(record.rev),
+        "owner": f"run {owner.run}, thread {owner.thread}, {owner.repository}@{owner.ref}"
+        if owner
+        else "unclaimed",
+        "seed": f"{seed.resource} {seed.ref} {seed.sha[:12]} ({seed.checkout_backup_id})"
+        if seed
+        else "cold",
+        "origin": record.origin or "-",
+        "attempt": str(record.attempt),
+        "incarnation": record.incarnation or "-",
+        "idle deadline": _when(record.idle_deadline),
+        "operations": ", ".join(
+            f"#{e.ordinal} {e.kind} {e.status}" + (f" ({e.outcome})" if e.outcome else "")
+            for e in record.window.entries
+        )
+        or "-",
+        "checkpoint": record.checkpoint.key if record.checkpoint else "-",
+        "result": record.result.model_dump_json() if record.result else "-",
+        "retained": record.retained_reason or "-",
+        "updated": _when(record.updated_at),
+    }
+
+
+def _status(status: SnapshotStatus) -> Table:
+    handle = status.seed_handle
+    present = status.objects.present
+    return _facts(
+        f"resource {status.resource}",
+        {
+            "current": _generation(status.current),
+            "retired": _generation(status.retired),
+            "seed handle": handle.model_dump_json() if handle else "-",
+            "deps": ", ".join(
+                f"{e.lockfile_hash[:12]} → {e.archive.backup_id}" for e in status.deps
+            )
+            or "-",
+            "pending deletions": ", ".join(status.pending_deletions) or "-",
+            "objects": f"{status.objects.recorded} recorded, "
+            + (f"{present} present in R2" if present is not None else "R2 not configured"),
+        },
+    )
+
+
+def _recorded(recorded: Recorded) -> Table:
+    return _facts(
+        f"resource {recorded.resource}",
+        {
+            "rotated": "yes" if recorded.rotated else "no (already current)",
+            "current": _generation(recorded.current),
+            "retired": _generation(recorded.retired),
+            "deleted": ", ".join(recorded.payment.deleted) or "-",
+            "still owed": ", ".join(recorded.payment.pending) or "-",
+        },
+    )
+
+
+def _payment(payment: Payment) -> Table:
+    return _facts(
+        "deletion",
+        {
+            "deleted": ", ".join(payment.deleted) or "-",
+            "still owed": ", ".join(payment.pending) or "-",
+        },
+    )
+
+
+def _generation(snapshot: Snapshot | None) -> str:
+    if snapshot is None:
+        return "-"
+    deps = f" + {snapshot.deps.backup_id}" if snapshot.deps else ""
+    return (
+        f"#{snapshot.generation} {snapshot.ref} {snapshot.sha[:12]} "
+        f"{snapshot.checkout.backup_id}{deps} ({_when(snapshot.created_at)})"
+    )
+
+
+def _facts(title: str, rows: dict[str, str]) -> Table:
+    table = Table(title=title, show_header=False)
+    table.add_column("fact", style="bold")
+    table.add_column("value")
+    for fact, value in rows.items():
+        table.add_row(fact, value)
+    return table
+
+
+def _when(epoch_seconds: int) -> str:
+    return datetime.fromtimestamp(epoch_seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""The executor's side: `SeedkeeperClient` signs every request with SigV4 (service
+`lambda`), as function URLs with `AWS_IAM` auth require, and checks what comes back.
+
+A claimed seed answer must echo the claim and carry an incarnation; anything else raises.
+It never falls back to treating a claimed slot as cold.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+import boto3
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials, ReadOnlyCredentials
+
+from seedkeeper.domain.models import OwnerClaim, SeedIdentity
+from seedkeeper.domain.snapshots import NewSnapshot
+from seedkeeper.errors import SeedkeeperError
+from seedkeeper.services.receipts import Evidence, Receipt
+from seedkeeper.services.rotation import Payment, Recorded, SnapshotStatus
+from seedkeeper.services.seed import Cold, NotSeeded, Seeded, Seeding
+
+# The function answering each path, when each function has its own URL.
+FUNCTIONS = {
+    "/seed": "seed",
+    "/receipt": "receipt",
+    "/slot-evidence": "slot_evidence",
+    "/snapshots": "rotation",
+}
+FINAL_TIMEOUT = 300.0
+
+SeedAnswer = Seeded | NotSeeded | Cold | Seeding
+
+
+class SeedkeeperRefused(SeedkeeperError):
+    """A 4xx or 5xx answer; `reason` is its reason token."""
+
+    def __init__(self, status: int, reason: str, body: Any) -> None:
+        super().__init__(f"{status} {reason}")
+        self.status, self.reason, self.body = status, reason, body
+
+
+class ClaimNotEchoed(SeedkeeperError):
+    """A claimed seed answer that does not prove it is about this claim."""
+
+
+class SeedkeeperClient:
+    def __init__(
+        self,
+        base_url: str | Mapping[str, str],
+        region: str = "us-east-1",
+        credentials: Credentials | ReadOnlyCredentials | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        """`base_url` is one URL for every route (the local stack), or one per function
+        (`seed`, `receipt`, `slot_evidence`, `rotation`) as a deployment outputs them."""
+        self._urls = base_url
+        self._region = region
+        self._credentials = credentials
+        self._timeout = timeout
+
+    # -- seeding --------------------------------------------------------------------
+
+    def seed(
+        self,
+        slot: str,
+        seed: SeedIdentity | None,
+        *,
+        claim: OwnerClaim | None = None,
+        origin: str | None = None,
+        wait: bool = False,
+        timeout: float = FINAL_TIMEOUT,
+        interval: float = 0.5,
+    ) -> SeedAnswer:
+        """Seed (or poll) `slot`; with `wait`, poll until the answer is final."""
+        body = {
+            "slot": slot,
+            "seed": seed.model_dump(mode="json", exclude_none=True) if seed else None,
+            "claim": claim.model_dump(mode="json") if claim else None,
+            "origin": origin,
+        }
+        deadline = time.monotonic() + timeout
+        while True:
+            answer = self._seed_answer(self._call("POST", "/seed", body), claim)
+            if not (wait and isinstance(answer, Seeding)):
+                return answer
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"slot {slot} still seeding after {timeout}s")
+            time.sleep(interval)
+
+    def receipt(
+        self, slot: str, *, claim: OwnerClaim, seed: SeedIdentity, incarnation: str
+    ) -> Receipt:
+        body = {
+            "slot": slot,
+            "claim": claim.model_dump(mode="json"),
+            "seed": seed.model_dump(mode="json", exclude_none=True),
+            "incarnation": incarnation,
+        }
+        return Receipt.model_validate_json(self._call("POST", "/receipt", body))
+
+    def slot_evidence(self, slot: str, *, claim: OwnerClaim) -> Evidence:
+        body = {"slot": slot, "claim": claim.model_dump(mode="json")}
+        return Evidence.model_validate_json(self._call("POST", "/slot-evidence", body))
+
+    # -- snapshots --------------------------------------------------------------------
+
+    def publish(self, snapshot: NewSnapshot) -> Recorded:
+        """Record a snapshot whose archives are already in R2, and rotate."""
+        body = snapshot.model_dump(mode="json", exclude_none=True)
+        return Recorded.model_validate_json(self._call("POST", "/snapshots", body))
+
+    def snapshot_status(self, resource: str) -> SnapshotStatus:
+        return SnapshotStatus.model_validate_json(
+            self._call("GET", f"/snapshots/{quote(resource)}")
+        )
+
+    def delete_snapshots(self, resource: str) -> Payment:
+        return Payment.model_validate_json(self._call("DELETE", f"/snapshots/{quote(resource)}"))
+
+    def healthz(self, function: str = "seed") -> dict[str, Any]:
+        answer: dict[str, Any] = json.loads(self._call("GET", "/healthz", function=function))
+        return answer
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    @staticmethod
+    def _seed_answer(text: bytes, claim: OwnerClaim | None) -> SeedAnswer:
+        answer = json.loads(text)
+        if answer.get("state") == "unseeded":
+            return Cold.model_validate_json(text)
+        if answer.get("seeded") is False:
+            return NotSeeded.model_validate_json(text)
+        kind: type[Seeded] | type[Seeding] = Seeded if answer.get("seeded") else Seeding
+        parsed = kind.model_validate_json(text)
+        if claim is not None and (parsed.claim != claim or not parsed.incarnation):
+            raise ClaimNotEchoed("the seed answer does not echo this claim with an incarnation")
+        return parsed
+
+    def _url(self, path: str, function: str | None) -> str:
+        if isinstance(self._urls, str):
+            return self._urls.rstrip("/") + path
+        name = function or next(f for p, f in FUNCTIONS.items() if path.startswith(p))
+        return self._urls[name].rstrip("/") + path
+
+    def _call(
+        self, method: str, path: str, body: Any = None, *, function: str | None = None
+    ) -> bytes:
+        """The answer's JSON text; a 4xx or 5xx raises SeedkeeperRefused."""
+        data = json.dumps(body).encode() if body is not None else b""
+        url = self._url(path, function)
+        request = AWSRequest(
+            method=method,
+            url=url,
+            data=data,
+            headers={"Content-Type": "application/json"} if body is not None else {},
+        )
+        credentials = self._credentials or boto3.Session().get_credentials()
+        if credentials is None:
+            raise SeedkeeperError("no AWS credentials to sign with")
+        SigV4Auth(credentials, "lambda", self._region).add_auth(request)
+        prepared = urllib.request.Request(  # noqa: S310 - the configured function URL
+            url, data=data or None, method=method, headers=dict(request.headers.items())
+        )
+        try:
+            with urllib.request.urlopen(prepared, timeout=self._timeout) as response:  # noqa: S310
+                answer: bytes = response.read()
+                return answer
+        except urllib.error.HTTPError as refused:
+            payload = refused.read()
+            try:
+                detail = json.loads(payload)
+            except ValueError:
+                detail = {"error": payload.decode(errors="replace")[:200]}
+            reason = detail.get("error") or detail.get("message") or "unknown"
+            raise SeedkeeperRefused(refused.code, str(reason), detail) from None

@@ -1,0 +1,278 @@
+"""A local stand-in for Lambda function URLs with `AWS_IAM` auth: checks each request's
+SigV4 signature, builds the event Lambda would build (payload format 2.0), and hands it
+to the same handler module that runs in AWS.
+
+It refuses what a function URL refuses, and answers every refusal in JSON: a body framed
+any way but one decimal Content-Length that arrives in full, a repeated Host, any method
+before its signature is checked, and whatever Python's HTTP parser rejects."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import importlib.util
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http import HTTPStatus
+from types import ModuleType
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from seedkeeper.observability import logger
+from seedkeeper_tools.infra import FUNCTIONS
+from seedkeeper_tools.local.sigv4 import verify
+
+# Lambda function URLs take up to 6 MB; Seedkeeper's bodies are small JSON documents.
+MAX_BODY = 256 * 1024
+# Which function answers which path, as each has its own URL in AWS.
+ROUTES = (
+    ("/seed", "seed"),
+    ("/receipt", "receipt"),
+    ("/slot-evidence", "slot_evidence"),
+    ("/snapshots", "rotation"),
+    ("/healthz", "seed"),
+)
+ACCOUNT = "000000000000"
+# A client that stops sending for this long gets its answer (or its connection closed).
+REQUEST_TIMEOUT = 10.0
+# Digits only (no sign, `_` or base prefix that int() would take), few enough that int()
+# is cheap: no body has more than 18 digits of length.
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
+
+Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class LocalCredentials:
+    access_key: str
+    secret_key: str
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What a handler reads of the Lambda context."""
+
+    function_name: str
+    aws_request_id: str
+    function_version: str = "$LATEST"
+    invoked_function_arn: str = f"arn:aws:lambda:local:{ACCOUNT}:function:seedkeeper"
+    memory_limit_in_mb: int = 512
+    log_group_name: str = "/aws/lambda/seedkeeper-local"
+    log_stream_name: str = "local"
+
+
+def load_handler(name: str) -> Handler:
+    """functions/<name>/app.py's `lambda_handler`, loaded under its own module name."""
+    spec = importlib.util.spec_from_file_location(
+        f"seedkeeper_functions.{name}", FUNCTIONS / name / "app.py"
+    )
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(FUNCTIONS / name / "app.py")
+    module: ModuleType = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    handler: Handler = module.lambda_handler
+    return handler
+
+
+class FunctionUrlGateway(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # many executors at once: the default backlog of 5 resets them
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        credentials: LocalCredentials,
+        *,
+        region: str,
+        request_timeout: float = REQUEST_TIMEOUT,
+    ) -> None:
+        self.credentials = credentials
+        self.region = region  # a signature scoped to any other region is refused
+        self.request_timeout = request_timeout
+        self.handlers = {name: load_handler(name) for _, name in ROUTES}
+        super().__init__((host, port), _Request)
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> FunctionUrlGateway:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+        self._thread.join()
+
+    def route(self, path: str) -> str | None:
+        for prefix, name in ROUTES:
+            if path == prefix or path.startswith(prefix + "/"):
+                return name
+        return None
+
+
+class _Request(http.server.BaseHTTPRequestHandler):
+    server: FunctionUrlGateway
+    protocol_version = "HTTP/1.1"
+    # Every answer, the parser's early refusals included, has an HTTP/1.1 status line.
+    default_request_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.request_timeout)
+
+    def log_message(self, *_: Any) -> None:
+        """No request lines: a query string could carry anything."""
+
+    def parse_request(self) -> bool:
+        try:
+            if not super().parse_request():
+                return False
+        except TimeoutError:  # a request line, then the headers stopped coming
+            self.send_error(HTTPStatus.REQUEST_TIMEOUT)
+            return False
+        if len(self.requestline.split()) == 2:  # HTTP/0.9: a request line with no version
+            self.send_error(HTTPStatus.BAD_REQUEST)
+            return False
+        return True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The parser's refusals (request line, version, sizes, unknown method) in JSON like
+        every other answer, never its HTML page; its detail is not echoed back."""
+        self._refuse(HTTPStatus(code))
+
+    def _serve(self) -> None:
+        body = self._body()
+        if isinstance(body, HTTPStatus):
+            self._refuse(body)
+            return
+        refused = verify(
+            method=self.command,
+            url=f"http://{self.headers['Host']}{self.path}",
+            headers=self.headers.items(),
+            body=body,
+            access_key=self.server.credentials.access_key,
+            secret_key=self.server.credentials.secret_key,
+            region=self.server.region,
+            now=datetime.now(UTC),
+        )
+        if refused is not None:
+            logger.info("local gateway refused a request", why=refused)
+            self._answer(HTTPStatus.FORBIDDEN)
+            return
+        path = urlsplit(self.path).path
+        function = self.server.route(path)
+        if function is None:
+            self._answer(HTTPStatus.NOT_FOUND)
+            return
+        event = self._event(path, body)
+        context = _Context(
+            function_name=f"seedkeeper-{function}",
+            aws_request_id=event["requestContext"]["requestId"],
+        )
+        response = self.server.handlers[function](event, context)
+        payload = response.get("body") or ""
+        raw = base64.b64decode(payload) if response.get("isBase64Encoded") else payload.encode()
+        self._send(response.get("statusCode", 200), response.get("headers", {}), raw)
+
+    # Every method a function URL takes is authenticated first, then the function decides.
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _serve
+
+    def _body(self) -> bytes | HTTPStatus:
+        """The body as its one Content-Length frames it, or why the request is refused (and
+        its connection closed: where the next request would start is unknown)."""
+        if "Transfer-Encoding" in self.headers:
+            return HTTPStatus.LENGTH_REQUIRED
+        if len(self.headers.get_all("Host", [])) != 1:
+            return HTTPStatus.BAD_REQUEST  # RFC 9112 §3.2: exactly one Host
+        lengths = [value.strip(" \t") for value in self.headers.get_all("Content-Length", [])]
+        if len(lengths) > 1 or (lengths and _CONTENT_LENGTH.fullmatch(lengths[0]) is None):
+            return HTTPStatus.BAD_REQUEST  # RFC 9112 §6.3: the framing cannot be trusted
+        length = int(lengths[0]) if lengths else 0
+        if length > MAX_BODY:
+            return HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+        try:
+            body = self.rfile.read(length)
+        except TimeoutError:
+            body = b""
+        if len(body) != length:  # the client stopped sending, or closed, before the end
+            return HTTPStatus.BAD_REQUEST
+        return body
+
+    def _refuse(self, status: HTTPStatus) -> None:
+        self.close_connection = True
+        self._answer(status)
+
+    def _event(self, path: str, body: bytes) -> dict[str, Any]:
+        """The function URL event Lambda builds (payload format 2.0), credentials removed."""
+        query = urlsplit(self.path).query
+        headers = {
+            name.lower(): value
+            for name, value in self.headers.items()
+            if name.lower() not in {"authorization", "x-amz-security-token"}
+        }
+        now = time.time()
+        return {
+            "version": "2.0",
+            "routeKey": "$default",
+            "rawPath": path,
+            "rawQueryString": query,
+            "headers": headers,
+            "queryStringParameters": dict(parse_qsl(query)) or None,
+            "requestContext": {
+                "accountId": ACCOUNT,
+                "apiId": "local",
+                "authorizer": {
+                    "iam": {
+                        "accessKey": self.server.credentials.access_key,
+                        "accountId": ACCOUNT,
+                        "callerId": "local",
+                        "userArn": f"arn:aws:iam::{ACCOUNT}:user/local",
+                        "userId": "local",
+                    }
+                },
+                "domainName": self.headers.get("Host", "localhost"),
+                "domainPrefix": "local",
+                "http": {
+                    "method": self.command,
+                    "path": path,
+                    "protocol": "HTTP/1.1",
+                    "sourceIp": self.client_address[0],
+                    "userAgent": self.headers.get("User-Agent", ""),
+                },
+                "requestId": str(uuid.uuid4()),
+                "routeKey": "$default",
+                "stage": "$default",
+                "time": datetime.fromtimestamp(now, UTC).strftime("%d/%b/%Y:%H:%M:%S +0000"),
+                "timeEpoch": int(now * 1000),
+            },
+            "body": body.decode("utf-8", errors="replace") if body else None,
+            "isBase64Encoded": False,
+        }
+
+    def _answer(self, status: HTTPStatus) -> None:
+        body = json.dumps({"message": status.phrase}).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.close_connection:
+            headers["Connection"] = "close"
+        self._send(status, headers, body)
+
+    def _send(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            if name.lower() != "content-length":
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":  # a HEAD answer says how long the body is, without it
+            self.wfile.write(body)
