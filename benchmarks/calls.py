@@ -34,12 +34,13 @@ from rich.table import Table
 
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
+from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import IdleSettings, new_checkpoint
 from seedkeeper.domain.models import OwnerClaim, SeedIdentity
 from seedkeeper.domain.opwindow import Actor, OpKind
+from seedkeeper.domain.outcomes import Seeded
 from seedkeeper.domain.record import Supported
 from seedkeeper.observability import logger
-from seedkeeper.services.seed import Seeded
 from seedkeeper.store.lifecycle import Written
 from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.demo import commit_change, published_snapshot, sample_repository
@@ -192,8 +193,10 @@ def record_checkpoint(r2: R2, root: Path, slot: str, owner: OwnerClaim, incarnat
     classified = lifecycle.read(slot)
     assert isinstance(classified, Supported)
     now = int(time.time())
-    upload = lifecycle.reserve(
-        classified.record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=now
+    upload = lifecycle.write(
+        transitions.RESERVE,
+        classified.record,
+        transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=now),
     )
     assert isinstance(upload, Written)
     assert upload.entry is not None
@@ -209,8 +212,10 @@ def record_checkpoint(r2: R2, root: Path, slot: str, owner: OwnerClaim, incarnat
         incarnation=incarnation,
         now=now,
     )
-    recorded = lifecycle.record_checkpoint(
-        upload.record, checkpoint=checkpoint, upload=upload.entry.ref, now=now
+    recorded = lifecycle.write(
+        transitions.RECORD_CHECKPOINT,
+        upload.record,
+        transitions.Uploaded(checkpoint=checkpoint, upload=upload.entry.ref, now=now),
     )
     assert isinstance(recorded, Written), recorded
 

@@ -50,7 +50,8 @@ from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
 
-from seedkeeper.domain.models import OwnerClaim, SeedIdentity
+from seedkeeper.domain import transitions
+from seedkeeper.domain.models import Binding, OwnerClaim, SeedIdentity
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.record import SeedSucceeded, State, Supported
 from seedkeeper.domain.snapshots import Archive, NewSnapshot
@@ -554,9 +555,7 @@ class Bench:
         now = int(time.time())
         born = self.lifecycle.birth(
             slot,
-            owner=owner,
-            seed=seed,
-            origin=ORIGIN,
+            Binding(owner=owner, seed=seed, origin=ORIGIN),
             now=now,
             idle_deadline=now + 3600,
             requires=self.snapshots.recorded_check(seed),
@@ -564,8 +563,10 @@ class Bench:
         if not isinstance(born, Written) or born.entry is None:
             raise BenchError(f"{slot}: the birth was refused: {born}")
         incarnation = f"local:{slot}:{born.record.attempt}"
-        recorded = self.lifecycle.record_incarnation(
-            born.record, incarnation=incarnation, launch=born.entry.ref, now=now
+        recorded = self.lifecycle.write(
+            transitions.RECORD_INCARNATION,
+            born.record,
+            transitions.Launched(incarnation=incarnation, launch=born.entry.ref, now=now),
         )
         if not isinstance(recorded, Written):
             raise BenchError(f"{slot}: the incarnation was not recorded: {recorded}")

@@ -13,10 +13,11 @@ from moto import mock_aws
 from rich.console import Console
 from rich.table import Table
 
-from seedkeeper.adapters.runtime import TaskStatus
 from seedkeeper.domain import transitions
+from seedkeeper.domain.models import Binding
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import SWEEP_PARTITION, encode
+from seedkeeper.domain.sweep import TaskStatus
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper_tools.infra import create_table, load_template
@@ -46,18 +47,16 @@ def load(table: object) -> None:
             deadline = NOW + 600 if index < EXPIRED else NOW + 10**6
             birth = transitions.born(
                 f"slot-{index}",
-                owner=None,
-                seed=None,
-                origin=None,
+                Binding(owner=None, seed=None, origin=None),
                 now=NOW,
                 idle_deadline=deadline,
             )
             assert birth.entry is not None
-            launched = transitions.record_incarnation(
+            launched = transitions.RECORD_INCARNATION.decide(
                 birth.record,
-                incarnation=f"local:slot-{index}:1",
-                launch=birth.entry.ref,
-                now=NOW,
+                transitions.Launched(
+                    incarnation=f"local:slot-{index}:1", launch=birth.entry.ref, now=NOW
+                ),
             )
             assert isinstance(launched, transitions.Change)
             batch.put_item(Item=encode(launched.record))

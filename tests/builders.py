@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from seedkeeper.domain import transitions
-from seedkeeper.domain.models import OwnerClaim, SeedIdentity
+from seedkeeper.domain.models import Binding, OwnerClaim, SeedIdentity
 from seedkeeper.domain.record import Checkpoint, SeedFailed, SeedSucceeded, SlotRecord, State
 from seedkeeper.store.lifecycle import Lifecycle, Written
 
@@ -66,33 +66,40 @@ def record_in(state: State, slot: str = "slot-1") -> SlotRecord:
     cold = state in {State.UNSEEDED, State.CLOSING, State.RETIRED}
     birth = transitions.born(
         slot,
-        owner=None if cold else owner(),
-        seed=None if cold else seed(),
-        origin=None if cold else ORIGIN,
+        Binding(
+            owner=None if cold else owner(),
+            seed=None if cold else seed(),
+            origin=None if cold else ORIGIN,
+        ),
         now=NOW,
         idle_deadline=NOW + IDLE,
     )
     assert birth.entry is not None
     record = changed(
-        transitions.record_incarnation(
-            birth.record, incarnation=INCARNATION, launch=birth.entry.ref, now=NOW
+        transitions.RECORD_INCARNATION.decide(
+            birth.record,
+            transitions.Launched(incarnation=INCARNATION, launch=birth.entry.ref, now=NOW),
         )
     ).record
     if state in {State.SEEDED, State.SEED_FAILED}:
         verdict = success() if state is State.SEEDED else failure()
         record = changed(
-            transitions.settle_seed(
-                record, attempt=1, restore=birth.entry.ref, result=verdict, now=NOW
+            transitions.SETTLE_SEED.decide(
+                record,
+                transitions.Verdict(attempt=1, restore=birth.entry.ref, result=verdict, now=NOW),
             )
         ).record
     if state in {State.CLOSING, State.RETIRED}:
-        closing = changed(transitions.fence(record, now=EXPIRED))
+        closing = changed(transitions.FENCE.decide(record, transitions.At(now=EXPIRED)))
         record = closing.record
         if state is State.RETIRED:
             assert closing.entry is not None
             record = changed(
-                transitions.retire(
-                    record, stop=closing.entry.ref, now=EXPIRED, expires_at=EXPIRED + 86_400
+                transitions.RETIRE.decide(
+                    record,
+                    transitions.Stopped(
+                        stop=closing.entry.ref, now=EXPIRED, expires_at=EXPIRED + 86_400
+                    ),
                 )
             ).record
     assert record.state is state
@@ -126,24 +133,34 @@ def stored_in(
     birth = written(
         lifecycle.birth(
             slot,
-            owner=None if cold else owner(),
-            seed=None if cold else seed(),
-            origin=None if cold else ORIGIN,
+            Binding(
+                owner=None if cold else owner(),
+                seed=None if cold else seed(),
+                origin=None if cold else ORIGIN,
+            ),
             now=NOW,
             idle_deadline=NOW + IDLE,
         )
     )
     first = birth.window.entries[0].ref
     record = written(
-        lifecycle.record_incarnation(
-            birth, incarnation=incarnation or f"local:{slot}:1", launch=first, now=NOW
+        lifecycle.write(
+            transitions.RECORD_INCARNATION,
+            birth,
+            transitions.Launched(
+                incarnation=incarnation or f"local:{slot}:1", launch=first, now=NOW
+            ),
         )
     )
     if state in {State.SEEDED, State.SEED_FAILED}:
         verdict = success() if state is State.SEEDED else failure()
         record = written(
-            lifecycle.settle_seed(record, attempt=1, restore=first, result=verdict, now=NOW)
+            lifecycle.write(
+                transitions.SETTLE_SEED,
+                record,
+                transitions.Verdict(attempt=1, restore=first, result=verdict, now=NOW),
+            )
         )
     if state is State.CLOSING:
-        record = written(lifecycle.fence(record, now=EXPIRED))
+        record = written(lifecycle.write(transitions.FENCE, record, transitions.At(now=EXPIRED)))
     return record

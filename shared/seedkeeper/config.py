@@ -100,10 +100,11 @@ def sweeper(
     store: StoreSettings, r2: R2Settings, runtime: RuntimeSettings, sweep: SweepSettings
 ) -> Sweeper:
     from seedkeeper.services.sweep import Sweeper
+    from seedkeeper.store.sweep_index import SweepIndex
 
     table = store.table_resource()
     return Sweeper(
-        table=table,
+        index=SweepIndex(table),
         lifecycle=Lifecycle(table),
         runtime=cache(partial(runtime_from, runtime)),  # built when a slot may be stopped
         snapshots=snapshots(store, r2),

@@ -32,7 +32,7 @@ class RotationConflict(SeedkeeperError):
 class SnapshotRefused(SeedkeeperError):
     """A snapshot that may not be recorded; `reason` is a reason token."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str | None) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail

@@ -29,6 +29,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from seedkeeper.config import StoreSettings
+from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Model, Origin, OwnerClaim, SeedIdentity
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.record import FailureReason, SeedFailed, SeedSucceeded, State, Supported
@@ -353,12 +354,15 @@ class SlotTask:
             classified = self.lifecycle.read(self.plan.slot)
             if not isinstance(classified, Supported):
                 return "superseded"
-            outcome = self.lifecycle.settle_seed(
+            outcome = self.lifecycle.write(
+                transitions.SETTLE_SEED,
                 classified.record,
-                attempt=self.plan.attempt,
-                restore=self.plan.op,
-                result=result,
-                now=int(time.time()),
+                transitions.Verdict(
+                    attempt=self.plan.attempt,
+                    restore=self.plan.op,
+                    result=result,
+                    now=int(time.time()),
+                ),
             )
             if isinstance(outcome, Written | Acknowledged):
                 state = outcome.record.state

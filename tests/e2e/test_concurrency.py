@@ -16,9 +16,9 @@ from repos import make_repository
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain.models import OwnerClaim, SeedIdentity
+from seedkeeper.domain.outcomes import Seeded, Seeding
 from seedkeeper.domain.record import Supported
 from seedkeeper.domain.snapshots import NewSnapshot
-from seedkeeper.services.seed import Seeded, Seeding
 from seedkeeper_tools.client import SeedAnswer, SeedkeeperClient, SeedkeeperRefused
 from seedkeeper_tools.local.stack import LocalStack
 from seedkeeper_tools.publish import backup_id_for, head_of, upload_archive

@@ -14,6 +14,7 @@ import pytest
 from builders import IDLE, NOW, ORIGIN, owner, seed
 from conftest import Stack
 from repos import git, make_repository
+from seedkeeper.domain.models import Binding
 from seedkeeper.store.lifecycle import Lifecycle, Written
 
 SEEDKEEPER = str(Path(sys.executable).with_name("seedkeeper"))
@@ -49,7 +50,10 @@ def test_table_create_then_show_a_slot(store_env: dict[str, str]) -> None:
 
     table = boto3.resource("dynamodb", endpoint_url=store_env["SEEDKEEPER_DYNAMODB_ENDPOINT"])
     born = Lifecycle(table.Table(store_env["SEEDKEEPER_TABLE"])).birth(
-        "slot-1", owner=owner(), seed=seed(), origin=ORIGIN, now=NOW, idle_deadline=NOW + IDLE
+        "slot-1",
+        Binding(owner=owner(), seed=seed(), origin=ORIGIN),
+        now=NOW,
+        idle_deadline=NOW + IDLE,
     )
     assert isinstance(born, Written)
     shown = seedkeeper("slot", "slot-1", env=store_env)

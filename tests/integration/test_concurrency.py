@@ -16,10 +16,12 @@ import boto3
 from builders import NOW, stored_in
 from conftest import Stack
 from seedkeeper.adapters.r2 import backup_key
+from seedkeeper.domain import transitions
+from seedkeeper.domain.models import Binding
+from seedkeeper.domain.outcomes import Recorded
 from seedkeeper.domain.record import SlotRecord, State, Supported
 from seedkeeper.domain.snapshots import Archive, NewSnapshot
 from seedkeeper.errors import ResourceNotFound, RotationConflict
-from seedkeeper.services.rotation import Recorded
 from seedkeeper.store.lifecycle import Written
 from seedkeeper.store.snapshots import SnapshotStore
 
@@ -61,14 +63,12 @@ def test_the_fence_never_stops_a_seeded_or_touched_slot(stack: Stack) -> None:
         read = stored_in(lifecycle, slot, state)  # what the sweep read from its index
 
         def fence(record: SlotRecord = read) -> Any:
-            return lifecycle.fence(record, now=SWEEP_AT)
+            return lifecycle.write(transitions.FENCE, record, transitions.At(now=SWEEP_AT))
 
         def touch(record: SlotRecord = read) -> Any:
             return lifecycle.touch(
                 record.slot,
-                owner=record.owner,
-                seed=record.seed,
-                origin=record.origin,
+                Binding(owner=record.owner, seed=record.seed, origin=record.origin),
                 now=SWEEP_AT,
                 idle_deadline=SWEEP_AT + IDLE,
             )

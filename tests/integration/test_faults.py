@@ -11,12 +11,12 @@ from botocore.exceptions import ClientError
 
 from functions import event, invoke
 from repos import make_repository
-from seedkeeper.adapters.runtime import TaskStatus
 from seedkeeper.config import seed_service_from_env
-from seedkeeper.domain.models import SeedIdentity
+from seedkeeper.domain.models import Binding, SeedIdentity
 from seedkeeper.domain.opwindow import OpRef
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import Absent, slot_key
+from seedkeeper.domain.sweep import TaskStatus
 from seedkeeper.store.lifecycle import Written
 from slots import Slots, seed_function
 
@@ -26,9 +26,11 @@ def died_after_birth(slots: Slots, body: dict[str, Any]) -> OpRef:
     lifecycle = slots.stack.store.lifecycle()
     born = lifecycle.birth(
         body["slot"],
-        owner=None,
-        seed=SeedIdentity.model_validate(body["seed"]) if body["seed"] else None,
-        origin=None,
+        Binding(
+            owner=None,
+            seed=SeedIdentity.model_validate(body["seed"]) if body["seed"] else None,
+            origin=None,
+        ),
         now=1_800_000_000,
         idle_deadline=1_800_000_600,
     )

@@ -24,6 +24,8 @@ from builders import (
     written,
 )
 from conftest import TABLE_NAME
+from seedkeeper.domain import transitions
+from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind, OpRef, OpStatus
 from seedkeeper.domain.record import (
     Absent,
@@ -34,7 +36,8 @@ from seedkeeper.domain.record import (
     Unsupported,
     slot_key,
 )
-from seedkeeper.domain.transitions import Acknowledged, Refused
+from seedkeeper.domain.refused import Refused
+from seedkeeper.domain.transitions import Acknowledged
 from seedkeeper.errors import StoreError, StoreUnavailable
 from seedkeeper.store.lifecycle import Conflict, Lifecycle, Outcome
 
@@ -60,9 +63,9 @@ def born_seeding(lifecycle: Lifecycle, claim: bool = True) -> SlotRecord:
     return written(
         lifecycle.birth(
             SLOT,
-            owner=owner() if claim else None,
-            seed=seed(),
-            origin=ORIGIN if claim else None,
+            Binding(
+                owner=owner() if claim else None, seed=seed(), origin=ORIGIN if claim else None
+            ),
             now=NOW,
             idle_deadline=NOW + IDLE,
         )
@@ -71,38 +74,50 @@ def born_seeding(lifecycle: Lifecycle, claim: bool = True) -> SlotRecord:
 
 def launched_seeding(lifecycle: Lifecycle) -> SlotRecord:
     return written(
-        lifecycle.record_incarnation(
-            born_seeding(lifecycle), incarnation=INCARNATION, launch=RESTORE, now=NOW
+        lifecycle.write(
+            transitions.RECORD_INCARNATION,
+            born_seeding(lifecycle),
+            transitions.Launched(incarnation=INCARNATION, launch=RESTORE, now=NOW),
         )
     )
 
 
 def launched_cold(lifecycle: Lifecycle) -> SlotRecord:
     birth = lifecycle.birth(
-        SLOT, owner=None, seed=None, origin=None, now=NOW, idle_deadline=NOW + IDLE
+        SLOT, Binding(owner=None, seed=None, origin=None), now=NOW, idle_deadline=NOW + IDLE
     )
     return written(
-        lifecycle.record_incarnation(
-            written(birth), incarnation=INCARNATION, launch=LAUNCH, now=NOW
+        lifecycle.write(
+            transitions.RECORD_INCARNATION,
+            written(birth),
+            transitions.Launched(incarnation=INCARNATION, launch=LAUNCH, now=NOW),
         )
     )
 
 
 def seeded(lifecycle: Lifecycle) -> SlotRecord:
     return written(
-        lifecycle.settle_seed(
-            launched_seeding(lifecycle), attempt=1, restore=RESTORE, result=success(), now=NOW
+        lifecycle.write(
+            transitions.SETTLE_SEED,
+            launched_seeding(lifecycle),
+            transitions.Verdict(attempt=1, restore=RESTORE, result=success(), now=NOW),
         )
     )
 
 
 def closing(lifecycle: Lifecycle) -> SlotRecord:
-    return written(lifecycle.fence(launched_cold(lifecycle), now=EXPIRED))
+    return written(
+        lifecycle.write(transitions.FENCE, launched_cold(lifecycle), transitions.At(now=EXPIRED))
+    )
 
 
 def with_upload(lifecycle: Lifecycle) -> SlotRecord:
     return written(
-        lifecycle.reserve(seeded(lifecycle), kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW)
+        lifecycle.write(
+            transitions.RESERVE,
+            seeded(lifecycle),
+            transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+        )
     )
 
 
@@ -111,30 +126,55 @@ Transition = tuple[Callable[[Lifecycle], SlotRecord], Callable[[Lifecycle, SlotR
 TRANSITIONS: dict[str, Transition] = {
     "record_incarnation": (
         born_seeding,
-        lambda lc, r: lc.record_incarnation(r, incarnation=INCARNATION, launch=RESTORE, now=NOW),
+        lambda lc, r: lc.write(
+            transitions.RECORD_INCARNATION,
+            r,
+            transitions.Launched(incarnation=INCARNATION, launch=RESTORE, now=NOW),
+        ),
     ),
     "settle_seed": (
         launched_seeding,
-        lambda lc, r: lc.settle_seed(r, attempt=1, restore=RESTORE, result=success(), now=NOW),
+        lambda lc, r: lc.write(
+            transitions.SETTLE_SEED,
+            r,
+            transitions.Verdict(attempt=1, restore=RESTORE, result=success(), now=NOW),
+        ),
     ),
-    "fence": (launched_cold, lambda lc, r: lc.fence(r, now=EXPIRED)),
+    "fence": (
+        launched_cold,
+        lambda lc, r: lc.write(transitions.FENCE, r, transitions.At(now=EXPIRED)),
+    ),
     "retire": (
         closing,
-        lambda lc, r: lc.retire(r, stop=r.window.entries[-1].ref, now=EXPIRED, expires_at=EXPIRED),
+        lambda lc, r: lc.write(
+            transitions.RETIRE,
+            r,
+            transitions.Stopped(stop=r.window.entries[-1].ref, now=EXPIRED, expires_at=EXPIRED),
+        ),
     ),
     "record_checkpoint": (
         with_upload,
-        lambda lc, r: lc.record_checkpoint(
-            r, checkpoint=checkpoint(), upload=r.window.entries[-1].ref, now=NOW
+        lambda lc, r: lc.write(
+            transitions.RECORD_CHECKPOINT,
+            r,
+            transitions.Uploaded(checkpoint=checkpoint(), upload=r.window.entries[-1].ref, now=NOW),
         ),
     ),
     "reserve": (
         seeded,
-        lambda lc, r: lc.reserve(r, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+        lambda lc, r: lc.write(
+            transitions.RESERVE,
+            r,
+            transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+        ),
     ),
     "settle": (
         with_upload,
-        lambda lc, r: lc.settle(r, ref=r.window.entries[-1].ref, outcome="abandoned", now=NOW),
+        lambda lc, r: lc.write(
+            transitions.SETTLE,
+            r,
+            transitions.Settlement(ref=r.window.entries[-1].ref, outcome="abandoned", now=NOW),
+        ),
     ),
 }
 
@@ -157,7 +197,11 @@ def test_a_stale_rev_loses_and_is_answered_with_the_current_record(
     reach, call = TRANSITIONS[name]
     stale = reach(lifecycle)
     moved = written(  # another writer moves first
-        lifecycle.reserve(stale, kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW)
+        lifecycle.write(
+            transitions.RESERVE,
+            stale,
+            transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW),
+        )
     )
     item = stored(table)
     outcome = call(lifecycle, stale)
@@ -199,9 +243,7 @@ def test_birth_happens_once_and_the_loser_sees_the_winner(
     item = stored(table)
     loser = lifecycle.birth(
         SLOT,
-        owner=owner(run="run-2"),
-        seed=seed(),
-        origin=ORIGIN,
+        Binding(owner=owner(run="run-2"), seed=seed(), origin=ORIGIN),
         now=NOW + 1,
         idle_deadline=NOW + IDLE,
     )
@@ -217,7 +259,7 @@ def test_birth_over_an_unsupported_or_malformed_record_leaves_it_alone(
         item = {**slot_key(SLOT), **foreign}
         table.put_item(Item=item)
         outcome = lifecycle.birth(
-            SLOT, owner=None, seed=None, origin=None, now=NOW, idle_deadline=NOW + IDLE
+            SLOT, Binding(owner=None, seed=None, origin=None), now=NOW, idle_deadline=NOW + IDLE
         )
         assert isinstance(outcome, Conflict)
         assert isinstance(outcome.current, Unsupported | Malformed)
@@ -251,13 +293,21 @@ def test_settle_seed_by_the_wrong_attempt_is_refused_or_loses(
 ) -> None:
     record = launched_seeding(lifecycle)
     item = stored(table)
-    refused = lifecycle.settle_seed(record, attempt=2, restore=RESTORE, result=success(), now=NOW)
+    refused = lifecycle.write(
+        transitions.SETTLE_SEED,
+        record,
+        transitions.Verdict(attempt=2, restore=RESTORE, result=success(), now=NOW),
+    )
     assert refused == Refused("attempt-superseded")
     assert stored(table) == item
     assert item is not None
     newer_attempt = item | {"attempt": 2, "rev": record.rev + 1}
     table.put_item(Item=newer_attempt)
-    lost = lifecycle.settle_seed(record, attempt=1, restore=RESTORE, result=failure(), now=NOW)
+    lost = lifecycle.write(
+        transitions.SETTLE_SEED,
+        record,
+        transitions.Verdict(attempt=1, restore=RESTORE, result=failure(), now=NOW),
+    )
     assert isinstance(lost, Conflict)
     assert stored(table) == newer_attempt
 
@@ -265,7 +315,11 @@ def test_settle_seed_by_the_wrong_attempt_is_refused_or_loses(
 def test_the_first_verdict_stands(lifecycle: Lifecycle, table: Table) -> None:
     record = seeded(lifecycle)
     item = stored(table)
-    again = lifecycle.settle_seed(record, attempt=1, restore=RESTORE, result=failure(), now=NOW)
+    again = lifecycle.write(
+        transitions.SETTLE_SEED,
+        record,
+        transitions.Verdict(attempt=1, restore=RESTORE, result=failure(), now=NOW),
+    )
     assert isinstance(again, Acknowledged)
     assert stored(table) == item
 
@@ -275,7 +329,10 @@ def test_touch_extends_the_deadline_for_the_exact_owner_in_one_call(
 ) -> None:
     record = seeded(lifecycle)
     touched = lifecycle.touch(
-        SLOT, owner=owner(), seed=seed(), origin=ORIGIN, now=NOW + 5, idle_deadline=NOW + 5 + IDLE
+        SLOT,
+        Binding(owner=owner(), seed=seed(), origin=ORIGIN),
+        now=NOW + 5,
+        idle_deadline=NOW + 5 + IDLE,
     )
     after = written(touched)
     assert after.idle_deadline == NOW + 5 + IDLE
@@ -309,7 +366,10 @@ def test_touch_by_anyone_else_loses_and_changes_nothing(
 def test_an_unclaimed_caller_touches_an_unclaimed_record(lifecycle: Lifecycle) -> None:
     born_seeding(lifecycle, claim=False)
     outcome = lifecycle.touch(
-        SLOT, owner=None, seed=seed(), origin=None, now=NOW + 1, idle_deadline=NOW + 1 + IDLE
+        SLOT,
+        Binding(owner=None, seed=seed(), origin=None),
+        now=NOW + 1,
+        idle_deadline=NOW + 1 + IDLE,
     )
     assert written(outcome).idle_deadline == NOW + 1 + IDLE
 
@@ -332,7 +392,10 @@ def test_touch_never_writes_an_unsupported_malformed_or_finished_record(
     assert item is not None
     table.put_item(Item=item | foreign)
     outcome = lifecycle.touch(
-        SLOT, owner=owner(), seed=seed(), origin=ORIGIN, now=NOW + 5, idle_deadline=NOW + 5 + IDLE
+        SLOT,
+        Binding(owner=owner(), seed=seed(), origin=ORIGIN),
+        now=NOW + 5,
+        idle_deadline=NOW + 5 + IDLE,
     )
     assert isinstance(outcome, Conflict)
     assert stored(table) == item | foreign
@@ -340,7 +403,7 @@ def test_touch_never_writes_an_unsupported_malformed_or_finished_record(
 
 def test_touch_of_an_absent_slot_is_a_conflict_with_absent(lifecycle: Lifecycle) -> None:
     outcome = lifecycle.touch(
-        SLOT, owner=owner(), seed=seed(), origin=ORIGIN, now=NOW, idle_deadline=NOW + IDLE
+        SLOT, Binding(owner=owner(), seed=seed(), origin=ORIGIN), now=NOW, idle_deadline=NOW + IDLE
     )
     assert outcome == Conflict(Absent(SLOT))
 
@@ -349,11 +412,11 @@ def test_a_touch_in_the_same_tick_makes_the_fence_fail(lifecycle: Lifecycle, tab
     record = launched_cold(lifecycle)
     written(
         lifecycle.touch(
-            SLOT, owner=None, seed=None, origin=None, now=EXPIRED, idle_deadline=EXPIRED
+            SLOT, Binding(owner=None, seed=None, origin=None), now=EXPIRED, idle_deadline=EXPIRED
         )
     )
     item = stored(table)
-    outcome = lifecycle.fence(record, now=EXPIRED)
+    outcome = lifecycle.write(transitions.FENCE, record, transitions.At(now=EXPIRED))
     assert isinstance(outcome, Conflict)
     assert stored(table) == item
     assert current(lifecycle).state is State.UNSEEDED
@@ -365,7 +428,9 @@ def test_the_fence_never_closes_a_seeding_or_seeded_slot(
 ) -> None:
     record = reach(lifecycle)
     item = stored(table)
-    assert isinstance(lifecycle.fence(record, now=EXPIRED + 10_000), Refused)
+    assert isinstance(
+        lifecycle.write(transitions.FENCE, record, transitions.At(now=EXPIRED + 10_000)), Refused
+    )
     assert stored(table) == item
 
 
@@ -375,7 +440,13 @@ def test_fence_then_retire_takes_the_slot_out_of_the_sweep_index(
     fenced = closing(lifecycle)
     stop = fenced.window.entries[-1]
     assert (stop.kind, stop.status) == (OpKind.STOP, OpStatus.OPEN)
-    retired = written(lifecycle.retire(fenced, stop=stop.ref, now=EXPIRED, expires_at=EXPIRED + 9))
+    retired = written(
+        lifecycle.write(
+            transitions.RETIRE,
+            fenced,
+            transitions.Stopped(stop=stop.ref, now=EXPIRED, expires_at=EXPIRED + 9),
+        )
+    )
     item = stored(table)
     assert item is not None
     assert item["state"] == "retired"
@@ -393,11 +464,14 @@ def test_fence_then_retire_takes_the_slot_out_of_the_sweep_index(
 def test_a_checkpoint_of_another_owner_is_refused(lifecycle: Lifecycle, table: Table) -> None:
     record = with_upload(lifecycle)
     item = stored(table)
-    outcome = lifecycle.record_checkpoint(
+    outcome = lifecycle.write(
+        transitions.RECORD_CHECKPOINT,
         record,
-        checkpoint=checkpoint(owner=owner(requester="mallory")),
-        upload=record.window.entries[-1].ref,
-        now=NOW,
+        transitions.Uploaded(
+            checkpoint=checkpoint(owner=owner(requester="mallory")),
+            upload=record.window.entries[-1].ref,
+            now=NOW,
+        ),
     )
     assert outcome == Refused("checkpoint-owner-mismatch")
     assert stored(table) == item
@@ -406,9 +480,15 @@ def test_a_checkpoint_of_another_owner_is_refused(lifecycle: Lifecycle, table: T
 def test_a_duplicate_settle_writes_nothing(lifecycle: Lifecycle, table: Table) -> None:
     record = with_upload(lifecycle)
     ref = record.window.entries[-1].ref
-    settled = written(lifecycle.settle(record, ref=ref, outcome="uploaded", now=NOW))
+    settled = written(
+        lifecycle.write(
+            transitions.SETTLE, record, transitions.Settlement(ref=ref, outcome="uploaded", now=NOW)
+        )
+    )
     item = stored(table)
-    again = lifecycle.settle(settled, ref=ref, outcome="failed", now=NOW)
+    again = lifecycle.write(
+        transitions.SETTLE, settled, transitions.Settlement(ref=ref, outcome="failed", now=NOW)
+    )
     assert isinstance(again, Acknowledged)
     assert again.entry is not None
     assert again.entry.outcome == "uploaded"
@@ -424,13 +504,26 @@ def test_each_transition_is_one_dynamodb_call(lifecycle: Lifecycle, table: Table
     table.meta.client.meta.events.register("before-call.dynamodb", count)
     record = born_seeding(lifecycle)
     record = written(
-        lifecycle.record_incarnation(record, incarnation=INCARNATION, launch=RESTORE, now=NOW)
+        lifecycle.write(
+            transitions.RECORD_INCARNATION,
+            record,
+            transitions.Launched(incarnation=INCARNATION, launch=RESTORE, now=NOW),
+        )
     )
     lifecycle.touch(
-        SLOT, owner=owner(), seed=seed(), origin=ORIGIN, now=NOW + 1, idle_deadline=NOW + IDLE
+        SLOT,
+        Binding(owner=owner(), seed=seed(), origin=ORIGIN),
+        now=NOW + 1,
+        idle_deadline=NOW + IDLE,
     )
     record = current(lifecycle)
-    written(lifecycle.settle_seed(record, attempt=1, restore=RESTORE, result=success(), now=NOW))
+    written(
+        lifecycle.write(
+            transitions.SETTLE_SEED,
+            record,
+            transitions.Verdict(attempt=1, restore=RESTORE, result=success(), now=NOW),
+        )
+    )
     assert calls == Counter({"TransactWriteItems": 1, "UpdateItem": 3, "GetItem": 1})
 
 
@@ -450,7 +543,11 @@ def test_store_errors_are_translated_by_code_and_nothing_is_written(
     with Stubber(table.meta.client) as stub:
         stub.add_client_error("update_item", service_error_code=code, http_status_code=400)
         with pytest.raises(error, match=code):
-            lifecycle.reserve(record, kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW)
+            lifecycle.write(
+                transitions.RESERVE,
+                record,
+                transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW),
+            )
         stub.add_client_error("get_item", service_error_code=code, http_status_code=400)
         with pytest.raises(error, match=code):
             lifecycle.read(SLOT)

@@ -19,6 +19,8 @@ from hypothesis.stateful import (
 )
 
 from builders import IDLE, NOW, ORIGIN, failure, owner, seed, success
+from seedkeeper.domain import transitions
+from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import WINDOW_SIZE, Actor, OpKind, OpRef
 from seedkeeper.domain.record import SlotRecord, State, Supported, classify, slot_key
 from seedkeeper.store.lifecycle import Conflict, Lifecycle, Written
@@ -59,9 +61,11 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
         def birth(self, seeded: bool, claimed: bool) -> None:
             lifecycle.birth(
                 self.slot,
-                owner=owner() if claimed else None,
-                seed=seed() if seeded else None,
-                origin=ORIGIN if claimed else None,
+                Binding(
+                    owner=owner() if claimed else None,
+                    seed=seed() if seeded else None,
+                    origin=ORIGIN if claimed else None,
+                ),
                 now=self.now,
                 idle_deadline=self.now + IDLE,
             )
@@ -71,8 +75,12 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
             record = self.record()
             if record and record.window.entries:
                 first = record.window.entries[0]
-                lifecycle.record_incarnation(
-                    record, incarnation=f"local:{self.slot}", launch=first.ref, now=self.now
+                lifecycle.write(
+                    transitions.RECORD_INCARNATION,
+                    record,
+                    transitions.Launched(
+                        incarnation=f"local:{self.slot}", launch=first.ref, now=self.now
+                    ),
                 )
 
         @precondition(lambda self: self.previous_state in SEED_STATES)
@@ -86,12 +94,15 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
                     if restores
                     else OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=1)
                 )
-                lifecycle.settle_seed(
+                lifecycle.write(
+                    transitions.SETTLE_SEED,
                     record,
-                    attempt=attempt if attempt == 1 else record.attempt,
-                    restore=restore,
-                    result=success() if succeeded else failure(),
-                    now=self.now,
+                    transitions.Verdict(
+                        attempt=attempt if attempt == 1 else record.attempt,
+                        restore=restore,
+                        result=success() if succeeded else failure(),
+                        now=self.now,
+                    ),
                 )
 
         @precondition(lambda self: self.previous_state is State.SEEDING)
@@ -99,7 +110,9 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
         def a_lost_task_is_replaced(self) -> None:
             record = self.record()
             if record:
-                outcome = lifecycle.begin_attempt(record, now=self.now)
+                outcome = lifecycle.write(
+                    transitions.BEGIN_ATTEMPT, record, transitions.At(now=self.now)
+                )
                 if isinstance(outcome, Written):
                     assert outcome.record.attempt == record.attempt + 1
                     assert outcome.record.window.unsettled >= record.window.unsettled
@@ -110,9 +123,11 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
             if record:
                 lifecycle.touch(
                     self.slot,
-                    owner=record.owner if by_owner else owner(run="intruder"),
-                    seed=record.seed,
-                    origin=record.origin,
+                    Binding(
+                        owner=record.owner if by_owner else owner(run="intruder"),
+                        seed=record.seed,
+                        origin=record.origin,
+                    ),
                     now=self.now,
                     idle_deadline=self.now + IDLE,
                 )
@@ -125,7 +140,7 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
         def fence(self) -> None:
             record = self.record()
             if record:
-                outcome = lifecycle.fence(record, now=self.now)
+                outcome = lifecycle.write(transitions.FENCE, record, transitions.At(now=self.now))
                 if isinstance(outcome, Written):
                     assert record.state is State.UNSEEDED
                     assert record.idle_deadline < self.now
@@ -138,21 +153,35 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
             stops = [e for e in record.window.entries if e.kind is OpKind.STOP] if record else []
             if record and stops:
                 stop = stops[-1].ref
-                lifecycle.retire(record, stop=stop, now=self.now, expires_at=self.now + 86_400)
+                lifecycle.write(
+                    transitions.RETIRE,
+                    record,
+                    transitions.Stopped(stop=stop, now=self.now, expires_at=self.now + 86_400),
+                )
 
         @rule()
         def everything_in_flight_settles(self) -> None:
             record = self.record()
             while record and record.window.unsettled:
                 entry = next(e for e in record.window.entries if not e.settled)
-                outcome = lifecycle.settle(record, ref=entry.ref, outcome="ok", now=self.now)
+                outcome = lifecycle.write(
+                    transitions.SETTLE,
+                    record,
+                    transitions.Settlement(ref=entry.ref, outcome="ok", now=self.now),
+                )
                 record = outcome.record if isinstance(outcome, Written) else None
 
         @rule()
         def reserve(self) -> None:
             record = self.record()
             if record:
-                lifecycle.reserve(record, kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=self.now)
+                lifecycle.write(
+                    transitions.RESERVE,
+                    record,
+                    transitions.Reservation(
+                        kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=self.now
+                    ),
+                )
 
         @rule(pick=st.integers(0, WINDOW_SIZE - 1), outcome=st.sampled_from(["ok", "failed"]))
         def settle(self, pick: int, outcome: str) -> None:
@@ -162,7 +191,11 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
                 entries = [e for e in record.window.entries if not e.settled]
                 entries = entries or list(record.window.entries)
                 entry = entries[pick % len(entries)]
-                lifecycle.settle(record, ref=entry.ref, outcome=outcome, now=self.now)
+                lifecycle.write(
+                    transitions.SETTLE,
+                    record,
+                    transitions.Settlement(ref=entry.ref, outcome=outcome, now=self.now),
+                )
 
         @rule()
         def a_stale_writer_tries_everything(self) -> None:
@@ -172,13 +205,22 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
             if stale is None or current is None or stale.rev == current.rev:
                 return
             attempts = [
-                lifecycle.fence(stale, now=self.now),
-                lifecycle.reserve(stale, kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=self.now),
-                lifecycle.record_incarnation(
+                lifecycle.write(transitions.FENCE, stale, transitions.At(now=self.now)),
+                lifecycle.write(
+                    transitions.RESERVE,
                     stale,
-                    incarnation="local:stale",
-                    launch=OpRef(ordinal=1, actor=Actor.SEED_FN, generation=1),
-                    now=self.now,
+                    transitions.Reservation(
+                        kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=self.now
+                    ),
+                ),
+                lifecycle.write(
+                    transitions.RECORD_INCARNATION,
+                    stale,
+                    transitions.Launched(
+                        incarnation="local:stale",
+                        launch=OpRef(ordinal=1, actor=Actor.SEED_FN, generation=1),
+                        now=self.now,
+                    ),
                 ),
             ]
             assert not any(isinstance(outcome, Written) for outcome in attempts)
@@ -241,10 +283,13 @@ def test_lifecycle_state_machine(lifecycle: Lifecycle, table: Table) -> None:
 def test_conflicts_carry_the_current_record_not_a_guess(lifecycle: Lifecycle) -> None:
     """The outcome type the machine relies on: a lost write tells who won."""
     birth = lifecycle.birth(
-        "rival", owner=None, seed=None, origin=None, now=NOW, idle_deadline=NOW + IDLE
+        "rival", Binding(owner=None, seed=None, origin=None), now=NOW, idle_deadline=NOW + IDLE
     )
     assert isinstance(birth, Written)
     again = lifecycle.birth(
-        "rival", owner=owner(), seed=seed(), origin=ORIGIN, now=NOW, idle_deadline=NOW + IDLE
+        "rival",
+        Binding(owner=owner(), seed=seed(), origin=ORIGIN),
+        now=NOW,
+        idle_deadline=NOW + IDLE,
     )
     assert again == Conflict(Supported(birth.record))

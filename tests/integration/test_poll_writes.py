@@ -19,6 +19,7 @@ import pytest
 from builders import NOW, ORIGIN, checkpoint, owner, seed, stored_in, written
 from conftest import Stack
 from functions import event, invoke, load_function
+from seedkeeper.domain import transitions
 from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import State, slot_key
 from seedkeeper.store.lifecycle import Lifecycle, Written
@@ -124,7 +125,7 @@ CHECKPOINT_WRONG: list[tuple[str, dict[str, Any]]] = [
 def assert_refused_and_untouched(stack: Stack, seeded: bool = True) -> None:
     planted = wire_item(stack)
     status, answer = poll(seeded)
-    assert (status, answer) == (409, {"error": "record-unsupported"})
+    assert (status, answer) == (409, {"error": "record-unsupported", "detail": None, "fields": []})
     assert wire_item(stack) == planted
 
 
@@ -162,13 +163,21 @@ def test_a_failed_result_with_an_unknown_reason_is_never_touched(stack: Stack) -
 def with_checkpoint(lifecycle: Lifecycle) -> dict[str, Any]:
     """A seeded record with a verified checkpoint, as the checkpoint function records it."""
     record = stored_in(lifecycle, SLOT, State.SEEDED)
-    reserved = lifecycle.reserve(record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW)
+    reserved = lifecycle.write(
+        transitions.RESERVE,
+        record,
+        transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+    )
     assert isinstance(reserved, Written)
     assert reserved.entry is not None
     upload = reserved.entry.ref
     recorded = checkpoint()
     written(
-        lifecycle.record_checkpoint(reserved.record, checkpoint=recorded, upload=upload, now=NOW)
+        lifecycle.write(
+            transitions.RECORD_CHECKPOINT,
+            reserved.record,
+            transitions.Uploaded(checkpoint=recorded, upload=upload, now=NOW),
+        )
     )
     return recorded.model_dump(mode="json")
 
@@ -259,7 +268,7 @@ def test_an_unknown_attribute_is_refused_after_the_deadline_moved(stack: Stack) 
     plant(stack.table, {"planted_by_a_newer_deployment": "x"})
     before = stored(stack.table)
     status, answer = poll()
-    assert (status, answer) == (409, {"error": "record-unsupported"})
+    assert (status, answer) == (409, {"error": "record-unsupported", "detail": None, "fields": []})
     after = stored(stack.table)
     assert after["rev"] == before["rev"] + 1
     assert after["idle_deadline"] != before["idle_deadline"]

@@ -12,9 +12,11 @@ import pytest
 from botocore.config import Config
 
 from builders import IDLE, NOW, ORIGIN, owner, seed
+from seedkeeper.domain import transitions
+from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import WINDOW_SIZE, Actor, OpKind, OpRef
 from seedkeeper.domain.record import Supported
-from seedkeeper.domain.transitions import Refused
+from seedkeeper.domain.refused import Refused
 from seedkeeper.store.lifecycle import Conflict, Lifecycle, Written
 from seedkeeper_tools.infra import create_table, load_template
 
@@ -52,9 +54,7 @@ def test_sixteen_births_of_one_slot_have_exactly_one_winner(http_table: Table) -
     outcomes = all_at_once(
         lambda index: lifecycle.birth(
             "contested",
-            owner=owner(run=f"run-{index}"),
-            seed=seed(),
-            origin=ORIGIN,
+            Binding(owner=owner(run=f"run-{index}"), seed=seed(), origin=ORIGIN),
             now=NOW,
             idle_deadline=NOW + IDLE,
         )
@@ -71,12 +71,14 @@ def test_sixteen_births_of_one_slot_have_exactly_one_winner(http_table: Table) -
 def test_sixteen_reservations_in_one_window_never_share_an_ordinal(http_table: Table) -> None:
     lifecycle = Lifecycle(http_table)
     birth = lifecycle.birth(
-        "window", owner=None, seed=None, origin=None, now=NOW, idle_deadline=NOW + IDLE
+        "window", Binding(owner=None, seed=None, origin=None), now=NOW, idle_deadline=NOW + IDLE
     )
     assert isinstance(birth, Written)
     launch = OpRef(ordinal=1, actor=Actor.SEED_FN, generation=1)
-    launched = lifecycle.record_incarnation(
-        birth.record, incarnation="local:window", launch=launch, now=NOW
+    launched = lifecycle.write(
+        transitions.RECORD_INCARNATION,
+        birth.record,
+        transitions.Launched(incarnation="local:window", launch=launch, now=NOW),
     )
     assert isinstance(launched, Written)
 
@@ -84,8 +86,10 @@ def test_sixteen_reservations_in_one_window_never_share_an_ordinal(http_table: T
         """Reserve; on a lost race, re-decide on the record the conflict carries."""
         classified = lifecycle.read("window")
         while isinstance(classified, Supported):
-            outcome = lifecycle.reserve(
-                classified.record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW
+            outcome = lifecycle.write(
+                transitions.RESERVE,
+                classified.record,
+                transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
             )
             if isinstance(outcome, Written):
                 assert outcome.entry is not None

@@ -14,8 +14,9 @@ import pytest
 from conftest import Stack
 from functions import event, invoke, load_function
 from seedkeeper import config
+from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import IdleSettings, new_checkpoint
-from seedkeeper.domain.models import OwnerClaim, SeedIdentity
+from seedkeeper.domain.models import Binding, OwnerClaim, SeedIdentity
 from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import SeedSucceeded, SlotRecord, slot_key
 from seedkeeper.store.lifecycle import Lifecycle, Written
@@ -65,24 +66,28 @@ def seeded_slot(stack: Stack) -> tuple[Lifecycle, SlotRecord]:
     birth = written(
         lifecycle.birth(
             SLOT,
-            owner=claim,
-            seed=seed,
-            origin=json.loads(event("seed-new")["body"])["origin"],
+            Binding(owner=claim, seed=seed, origin=json.loads(event("seed-new")["body"])["origin"]),
             now=NOW,
             idle_deadline=NOW + 600,
         )
     )
     restore = birth.window.entries[0].ref
     record = written(
-        lifecycle.record_incarnation(
-            birth, incarnation=REQUEST["incarnation"], launch=restore, now=NOW
+        lifecycle.write(
+            transitions.RECORD_INCARNATION,
+            birth,
+            transitions.Launched(incarnation=REQUEST["incarnation"], launch=restore, now=NOW),
         )
     )
     verdict = SeedSucceeded(
         ref=seed.ref, head=seed.sha, from_backup=seed.checkout_backup_id, steps={}, ms=1
     )
     record = written(
-        lifecycle.settle_seed(record, attempt=1, restore=restore, result=verdict, now=NOW)
+        lifecycle.write(
+            transitions.SETTLE_SEED,
+            record,
+            transitions.Verdict(attempt=1, restore=restore, result=verdict, now=NOW),
+        )
     )
     return lifecycle, record
 
@@ -92,7 +97,11 @@ def checkpointed(stack: Stack) -> Checkpointed:
     """A seeded slot whose checkout was checkpointed to R2 and recorded."""
     lifecycle, record = seeded_slot(stack)
     upload = written(
-        lifecycle.reserve(record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW)
+        lifecycle.write(
+            transitions.RESERVE,
+            record,
+            transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+        )
     )
     body = b"checkpoint of the run's work"
     key = f"checkpoints/{SLOT}/1.sqsh"
@@ -112,8 +121,12 @@ def checkpointed(stack: Stack) -> Checkpointed:
     idle = IdleSettings()
     assert checkpoint.expires_at == NOW + idle.idle_window + idle.checkpoint_grace
     written(
-        lifecycle.record_checkpoint(
-            upload, checkpoint=checkpoint, upload=upload.window.entries[-1].ref, now=NOW
+        lifecycle.write(
+            transitions.RECORD_CHECKPOINT,
+            upload,
+            transitions.Uploaded(
+                checkpoint=checkpoint, upload=upload.window.entries[-1].ref, now=NOW
+            ),
         )
     )
     return Checkpointed(stack, lifecycle, key)
@@ -218,7 +231,7 @@ def test_a_newer_or_malformed_record_is_refused_by_seed_unknown_to_receipts_and_
     item = {**slot_key(SLOT), **foreign}
     stack.table.put_item(Item=item)
     status, answer = invoke(seed_function, event("seed-new"))
-    assert (status, answer) == (409, {"error": "record-unsupported"})
+    assert (status, answer) == (409, {"error": "record-unsupported", "detail": None, "fields": []})
     status, answer = invoke(receipt_function, event("receipt"))
     assert (status, answer["checkpoint"]) == (200, "unknown")
     assert invoke(evidence_function, event("slot-evidence"))[0] == 404

@@ -42,9 +42,10 @@ from builders import ORIGIN, owner, seed, stored_in
 from conftest import Stack
 from functions import Context, event
 from seedkeeper import config
-from seedkeeper.adapters.runtime import RuntimeSettings, SlotRuntime, TaskStatus
+from seedkeeper.adapters.runtime import RuntimeSettings, SlotRuntime
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import State
+from seedkeeper.domain.sweep import TaskStatus
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper_tools.infra import FUNCTIONS
 

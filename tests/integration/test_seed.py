@@ -18,13 +18,15 @@ from conftest import Stack
 from functions import event, invoke
 from repos import git, tree
 from seedkeeper.adapters.r2 import R2Settings, backup_key
-from seedkeeper.adapters.runtime import RuntimeSettings, TaskStatus
+from seedkeeper.adapters.runtime import RuntimeSettings
 from seedkeeper.config import seed_service, seed_service_from_env
 from seedkeeper.domain import transitions
-from seedkeeper.domain.models import SeedIdentity
+from seedkeeper.domain.models import Binding, SeedIdentity
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import SeedFailed, State, Supported
+from seedkeeper.domain.refused import Refused
 from seedkeeper.domain.snapshots import Archive, NewSnapshot
+from seedkeeper.domain.sweep import TaskStatus
 from seedkeeper.services.seed import SeedSettings
 from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper.store.snapshots import SnapshotStore
@@ -126,7 +128,7 @@ def test_anyone_else_gets_409_and_learns_nothing(
         else:
             other[field] = value
     status, answer = slots.seed(other)
-    assert (status, answer) == (409, {"error": reason})
+    assert (status, answer) == (409, {"error": reason, "detail": None, "fields": []})
     text = json.dumps(answer)
     for secret in ("alice", "run-1", "thread-1", body["seed"]["checkout_backup_id"]):
         assert secret not in text
@@ -269,7 +271,10 @@ def test_a_task_killed_mid_download_stays_seeding_and_the_next_attempt_spares_a_
     record = slots.record("killed")
     assert record.state is State.SEEDING
     assert record.window.unsettled == 1  # the detached restore: the sweep retains the slot
-    assert isinstance(transitions.fence(record, now=record.idle_deadline + 1), transitions.Refused)
+    assert isinstance(
+        transitions.FENCE.decide(record, transitions.At(now=record.idle_deadline + 1)),
+        Refused,
+    )
 
     # A bound checkout in the workspace (as a writer could leave one): nothing may sweep it.
     workspace = slots.workspace("killed")
@@ -327,7 +332,7 @@ def test_the_new_poll_and_other_owner_events_against_a_recorded_generation(slots
     assert invoke(seed_function, event("seed-new"))[0] == 202
     assert invoke(seed_function, event("seed-poll"))[0] in {200, 202}
     status, answer = invoke(seed_function, event("seed-other-owner"))
-    assert (status, answer) == (409, {"error": "claim-mismatch"})
+    assert (status, answer) == (409, {"error": "claim-mismatch", "detail": None, "fields": []})
 
 
 def test_a_poll_costs_one_dynamodb_call(slots: Slots, repo: Path) -> None:
@@ -435,9 +440,7 @@ def assert_the_task_settles_seed_missing_unfetched(
     lifecycle = stack.store.lifecycle()
     born = lifecycle.birth(
         "unfetched",
-        owner=None,
-        seed=seed,
-        origin=None,
+        Binding(owner=None, seed=seed, origin=None),
         now=1_800_000_000,
         idle_deadline=1_800_000_600,
     )

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from conftest import Stack
 from seedkeeper.adapters.r2 import R2, backup_key
-from seedkeeper.domain.models import SeedIdentity
+from seedkeeper.domain.models import Binding, SeedIdentity
 from seedkeeper.domain.snapshots import (
     Archive,
     NewSnapshot,
@@ -354,9 +354,7 @@ def test_the_births_check_agrees_with_the_records_for_every_seed(world: World) -
             )
             born = lifecycle.birth(
                 f"check-{next(births)}",
-                owner=None,
-                seed=seed,
-                origin=None,
+                Binding(owner=None, seed=seed, origin=None),
                 now=NOW,
                 idle_deadline=NOW + 60,
                 requires=world.store.recorded_check(seed),
@@ -386,9 +384,7 @@ def assert_still_seeds(world: World, snapshot: NewSnapshot) -> None:
     assert world.resident().archives_for(seed) is not None
     born = Lifecycle(world.store_table).birth(
         f"still-{next(_ids)}",
-        owner=None,
-        seed=seed,
-        origin=None,
+        Binding(owner=None, seed=seed, origin=None),
         now=NOW,
         idle_deadline=NOW + 60,
         requires=world.store.recorded_check(seed),
@@ -411,7 +407,7 @@ def test_another_resources_backup_id_is_refused_and_never_deleted_by_this_one(
     stolen = b.snapshot(lockfile="lock").model_copy(update={part: getattr(owned, part)})
     with pytest.raises(SnapshotRefused, match="backup-id-owned") as refused:
         b.snapshots.record(stolen)
-    assert getattr(owned, part).backup_id in refused.value.detail
+    assert getattr(owned, part).backup_id in (refused.value.detail or "")
     assert b.resident() == before
     for _ in range(2):
         b.snapshots.record(b.snapshot(lockfile="lock"))

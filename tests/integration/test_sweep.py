@@ -17,14 +17,16 @@ import pytest
 from builders import EXPIRED, IDLE, INCARNATION, NOW, stored_in, written
 from conftest import Stack
 from seedkeeper.adapters.r2 import backup_key
-from seedkeeper.adapters.runtime import TaskStatus
 from seedkeeper.domain import transitions
+from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import SlotRecord, State, Supported, encode, slot_key
 from seedkeeper.domain.snapshots import Archive, NewSnapshot, Rotation, plan_rotation
+from seedkeeper.domain.sweep import TaskStatus
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper.store.snapshots import SnapshotStore
+from seedkeeper.store.sweep_index import SweepIndex
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -60,9 +62,7 @@ def touch(lifecycle: Lifecycle, record: SlotRecord, until: int) -> None:
     written(
         lifecycle.touch(
             record.slot,
-            owner=record.owner,
-            seed=record.seed,
-            origin=record.origin,
+            Binding(owner=record.owner, seed=record.seed, origin=record.origin),
             now=EXPIRED,
             idle_deadline=until,
         )
@@ -73,7 +73,7 @@ def sweeper(
     table: Table, runtime: FakeRuntime, page_size: int = 100, max_items: int = 1000
 ) -> Sweeper:
     return Sweeper(
-        table=table,
+        index=SweepIndex(table),
         lifecycle=Lifecycle(table),
         runtime=lambda: runtime,
         snapshots=None,
@@ -95,7 +95,11 @@ def test_the_whole_matrix_stops_only_what_the_design_permits(
         record = stored_in(lifecycle, slot, state, incarnation)
         if unsettled and state is not State.CLOSING:
             record = written(
-                lifecycle.reserve(record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW)
+                lifecycle.write(
+                    transitions.RESERVE,
+                    record,
+                    transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+                )
             )
         if not expired and state is not State.CLOSING:
             touch(lifecycle, record, FAR)
@@ -181,15 +185,16 @@ def bulk(table: Table, count: int, *, expired: int) -> None:
         for index in range(count):
             birth = transitions.born(
                 f"bulk-{index}",
-                owner=None,
-                seed=None,
-                origin=None,
+                Binding(owner=None, seed=None, origin=None),
                 now=NOW,
                 idle_deadline=NOW + IDLE if index < expired else FAR,
             )
             assert birth.entry is not None
-            launched = transitions.record_incarnation(
-                birth.record, incarnation=f"local:bulk-{index}:1", launch=birth.entry.ref, now=NOW
+            launched = transitions.RECORD_INCARNATION.decide(
+                birth.record,
+                transitions.Launched(
+                    incarnation=f"local:bulk-{index}:1", launch=birth.entry.ref, now=NOW
+                ),
             )
             assert isinstance(launched, transitions.Change)
             batch.put_item(Item=encode(launched.record))
@@ -239,7 +244,7 @@ def test_the_sweep_pays_the_ledger(stack: Stack) -> None:
         store.commit_rotation(plan)
     assert store.read("swept").pending_ids == {"swept-0"}
     report = Sweeper(
-        table=stack.table,
+        index=SweepIndex(stack.table),
         lifecycle=Lifecycle(stack.table),
         runtime=FakeRuntime,
         snapshots=service,

@@ -16,11 +16,14 @@ import pytest
 
 from functions import Context, event, load_function
 from repos import tree
-from seedkeeper.adapters.runtime import TaskStatus
+from seedkeeper.domain import transitions
+from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import State
+from seedkeeper.domain.sweep import TaskStatus
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Written
+from seedkeeper.store.sweep_index import SweepIndex
 from seedkeeper_task.supervisor import CHECKOUT
 from slots import Slots, TamperingProxy, record_archive, squashfs_of
 
@@ -49,11 +52,18 @@ def test_only_positively_unseeded_idle_slots_are_stopped(
     os.killpg(record["pid"], signal.SIGKILL)
     wait_until(lambda: slots.runtime.status("local:cold-stopped:1") is TaskStatus.STOPPED)
     busy = slots.record("cold-busy")
-    reserved = lifecycle.reserve(busy, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=1)
+    reserved = lifecycle.write(
+        transitions.RESERVE,
+        busy,
+        transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=1),
+    )
     assert isinstance(reserved, Written)
     touched = slots.record("cold-touched")
     lifecycle.touch(
-        "cold-touched", owner=None, seed=None, origin=None, now=LATER, idle_deadline=LATER + 600
+        "cold-touched",
+        Binding(owner=None, seed=None, origin=None),
+        now=LATER,
+        idle_deadline=LATER + 600,
     )
 
     # Seeded, failed and still-seeding slots, each with a real task.
@@ -84,7 +94,7 @@ def test_only_positively_unseeded_idle_slots_are_stopped(
 
     before = tree(checkout)
     report = Sweeper(
-        table=slots.stack.table,
+        index=SweepIndex(slots.stack.table),
         lifecycle=lifecycle,
         runtime=lambda: slots.runtime,
         snapshots=None,

@@ -18,6 +18,7 @@ import pytest
 from repos import git, tree
 from seedkeeper.domain import transitions
 from seedkeeper.domain.record import State
+from seedkeeper.domain.refused import Refused
 from seedkeeper_task.restore.download import plan_ranges
 from seedkeeper_task.sandbox import STATE_DIR
 from seedkeeper_task.supervisor import CHECKOUT, MARKER, Marker, TaskSettings
@@ -89,7 +90,10 @@ def kill_at(
     record = slots.record(slot)
     assert (record.state, record.attempt) == (State.SEEDING, 1)
     assert record.window.unsettled == 1  # the detached restore: the sweep retains the slot
-    assert isinstance(transitions.fence(record, now=record.idle_deadline + 1), transitions.Refused)
+    assert isinstance(
+        transitions.FENCE.decide(record, transitions.At(now=record.idle_deadline + 1)),
+        Refused,
+    )
 
 
 def retry(slots: Slots, body: dict[str, Any]) -> tuple[int, Any]:

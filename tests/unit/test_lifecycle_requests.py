@@ -12,6 +12,8 @@ from boto3.dynamodb.types import TypeSerializer
 from botocore.stub import ANY, Stubber
 
 from builders import IDLE, NOW, ORIGIN, checkpoint, owner, record_in, seed
+from seedkeeper.domain import transitions
+from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import Absent, SlotRecord, State, Supported, encode
 from seedkeeper.store.lifecycle import Conflict, Lifecycle, Unmet, Written
@@ -56,8 +58,10 @@ def test_a_transition_is_one_conditional_update_returning_the_old_item_on_failur
                 "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             },
         )
-        outcome = Lifecycle(table).reserve(
-            record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW
+        outcome = Lifecycle(table).write(
+            transitions.RESERVE,
+            record,
+            transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
         )
         stub.assert_no_pending_responses()
     assert isinstance(outcome, Written)
@@ -75,8 +79,10 @@ def test_a_failed_condition_becomes_a_conflict_carrying_the_old_item(table: Tabl
             response_meta={},
             modeled_fields={"Item": wire(winner)},
         )
-        outcome = Lifecycle(table).reserve(
-            read, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW
+        outcome = Lifecycle(table).write(
+            transitions.RESERVE,
+            read,
+            transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
         )
     assert outcome == Conflict(Supported(winner))
 
@@ -117,9 +123,7 @@ def test_a_birth_is_one_transaction_whose_reasons_become_answers(
         )
         outcome = Lifecycle(table).birth(
             "slot-1",
-            owner=owner(),
-            seed=seed(),
-            origin=ORIGIN,
+            Binding(owner=owner(), seed=seed(), origin=ORIGIN),
             now=NOW,
             idle_deadline=NOW + IDLE,
             requires=requires,
@@ -152,9 +156,11 @@ def sent_touch(table: Table, *, seeded: bool) -> tuple[dict[str, Any], BuiltCond
         stub.add_response("update_item", {"Attributes": wire(record_in(State.SEEDED))})
         Lifecycle(table).touch(
             "slot-1",
-            owner=owner() if seeded else None,
-            seed=seed() if seeded else None,
-            origin=ORIGIN if seeded else None,
+            Binding(
+                owner=owner() if seeded else None,
+                seed=seed() if seeded else None,
+                origin=ORIGIN if seeded else None,
+            ),
             now=NOW,
             idle_deadline=NOW + IDLE,
         )

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from builders import IDLE, NOW, ORIGIN, checkpoint, owner, record_in, seed
 from seedkeeper.domain import transitions
+from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind, OpRef
 from seedkeeper.domain.record import (
     Absent,
@@ -26,7 +27,10 @@ from seedkeeper.domain.record import (
 
 def seeding_record() -> SlotRecord:
     return transitions.born(
-        "slot-1", owner=owner(), seed=seed(), origin=ORIGIN, now=NOW, idle_deadline=NOW + IDLE
+        "slot-1",
+        Binding(owner=owner(), seed=seed(), origin=ORIGIN),
+        now=NOW,
+        idle_deadline=NOW + IDLE,
     ).record
 
 
@@ -139,24 +143,28 @@ def test_results_belong_to_their_states() -> None:
 def test_codec_round_trips_any_reachable_record(steps: list[str], claimed: bool) -> None:
     change = transitions.born(
         "slot-1",
-        owner=owner() if claimed else None,
-        seed=seed(),
-        origin=ORIGIN if claimed else None,
+        Binding(
+            owner=owner() if claimed else None, seed=seed(), origin=ORIGIN if claimed else None
+        ),
         now=NOW,
         idle_deadline=NOW + IDLE,
     )
     record = change.record
     for step in steps:
         if step == "reserve":
-            decision = transitions.reserve(
-                record, kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW
+            decision = transitions.RESERVE.decide(
+                record,
+                transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW),
             )
         elif step == "settle":
             open_entry = next((e for e in record.window.entries if not e.settled), None)
             if open_entry is None:
                 continue
-            decision = transitions.settle(
-                record, ref=OpRef.model_validate(open_entry.ref.model_dump()), outcome="ok", now=NOW
+            decision = transitions.SETTLE.decide(
+                record,
+                transitions.Settlement(
+                    ref=OpRef.model_validate(open_entry.ref.model_dump()), outcome="ok", now=NOW
+                ),
             )
         else:
             record = record.model_copy(update={"idle_deadline": record.idle_deadline + 1})

@@ -1,4 +1,5 @@
-"""The seed function's pure decisions: who may attach, and what each state answers."""
+"""The seed function's pure decisions: who may attach (the table's TOUCH), and what each
+state answers (with its status from the answer table)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,12 @@ from typing import Any
 import pytest
 
 from builders import ORIGIN, owner, record_in, seed
-from seedkeeper.domain.record import State, Supported, Unsupported
-from seedkeeper.services.seed import (
-    Cold,
-    NotSeeded,
-    Seeded,
-    Seeding,
-    SeedRequest,
-    _answer,
-    _refusal,
-)
+from seedkeeper.api.answers import OUTCOMES
+from seedkeeper.domain.outcomes import Cold, NotSeeded, Seeded, Seeding
+from seedkeeper.domain.record import SlotRecord, State
+from seedkeeper.domain.refused import Refused
+from seedkeeper.domain.transitions import TOUCH, Change, Poll
+from seedkeeper.services.seed import SeedRequest, outcome_of
 
 
 def request(**changes: Any) -> SeedRequest:
@@ -45,17 +42,26 @@ def request(**changes: Any) -> SeedRequest:
 def test_only_the_same_owner_seed_and_origin_may_attach(
     changes: dict[str, Any], reason: str | None
 ) -> None:
-    assert _refusal(request(**changes), Supported(record_in(State.SEEDED))) == reason
-
-
-def test_an_unsupported_record_refuses_everyone() -> None:
-    assert _refusal(request(), Unsupported("slot-1", 2)) == "record-unsupported"
+    assert refusal(request(**changes), record_in(State.SEEDED)) == reason
 
 
 def test_a_closed_slot_refuses_even_its_owner() -> None:
-    closing = record_in(State.CLOSING)
     cold = request(seed=None, claim=None, origin=None)
-    assert _refusal(cold, Supported(closing)) == "slot-closed"
+    for state in (State.CLOSING, State.RETIRED):
+        assert refusal(cold, record_in(state)) == "slot-closed"
+
+
+def test_another_caller_learns_nothing_of_a_closed_slot() -> None:
+    """The binding is checked before the state: a mismatch never says "closed"."""
+    assert refusal(request(), record_in(State.CLOSING)) == "claim-mismatch"
+
+
+def refusal(request: SeedRequest, record: SlotRecord) -> str | None:
+    decision = TOUCH.decide(record, Poll(request.binding, now=1, idle_deadline=2))
+    if isinstance(decision, Refused):
+        return decision.reason
+    assert isinstance(decision, Change)
+    return None
 
 
 @pytest.mark.parametrize(
@@ -68,13 +74,13 @@ def test_a_closed_slot_refuses_even_its_owner() -> None:
     ],
 )
 def test_each_state_has_its_answer(state: State, status: int, answer: type) -> None:
-    code, body = _answer(record_in(state))
-    assert code == status
+    body = outcome_of(record_in(state))
     assert isinstance(body, answer)
+    assert OUTCOMES[answer].of(body) == status
 
 
 def test_the_seeded_answer_uses_the_wire_names() -> None:
-    _, body = _answer(record_in(State.SEEDED))
+    body = outcome_of(record_in(State.SEEDED))
     wire = body.model_dump(mode="json")
     assert wire["from"] == "checkout-0001"
     assert wire["seeded"] is True

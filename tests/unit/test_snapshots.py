@@ -6,12 +6,12 @@ import pytest
 from pydantic import ValidationError
 
 from seedkeeper.domain.models import SeedIdentity
+from seedkeeper.domain.refused import Refused
 from seedkeeper.domain.snapshots import (
     Archive,
     DepsEntry,
     NewSnapshot,
     PendingDeletion,
-    Refused,
     Resident,
     Rotation,
     Snapshot,

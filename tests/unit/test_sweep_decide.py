@@ -9,11 +9,10 @@ import itertools
 import pytest
 
 from builders import EXPIRED, IDLE, NOW, changed, record_in
-from seedkeeper.adapters.runtime import TaskStatus
 from seedkeeper.domain import transitions
 from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import Absent, Malformed, State, Supported, Unsupported
-from seedkeeper.services.sweep import Leave, Retain, Stop, decide
+from seedkeeper.domain.sweep import Leave, Retain, Stop, TaskStatus, decide
 
 LIVE = [State.UNSEEDED, State.SEEDING, State.SEEDED, State.SEED_FAILED, State.CLOSING]
 
@@ -32,7 +31,10 @@ def test_only_the_positively_unseeded_idle_slot_is_stopped(
     record = record_in(state)
     if unsettled:
         record = changed(
-            transitions.reserve(record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW)
+            transitions.RESERVE.decide(
+                record,
+                transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+            )
         ).record
     now = EXPIRED if expired else NOW + IDLE
     asked: list[str] = []

@@ -21,9 +21,11 @@ from builders import (
     success,
 )
 from seedkeeper.domain import transitions
+from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import WINDOW_SIZE, Actor, OpKind, OpRef, OpStatus
 from seedkeeper.domain.record import SlotRecord, State
-from seedkeeper.domain.transitions import Acknowledged, Change, Refused
+from seedkeeper.domain.refused import Refused
+from seedkeeper.domain.transitions import Acknowledged, Change
 
 RESTORE = OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=1)
 LAUNCH = OpRef(ordinal=1, actor=Actor.SEED_FN, generation=1)
@@ -31,7 +33,10 @@ LAUNCH = OpRef(ordinal=1, actor=Actor.SEED_FN, generation=1)
 
 def unlaunched_seeding() -> SlotRecord:
     return transitions.born(
-        "slot-1", owner=owner(), seed=seed(), origin=ORIGIN, now=NOW, idle_deadline=NOW + IDLE
+        "slot-1",
+        Binding(owner=owner(), seed=seed(), origin=ORIGIN),
+        now=NOW,
+        idle_deadline=NOW + IDLE,
     ).record
 
 
@@ -48,7 +53,7 @@ def test_birth_marks_a_seeded_attempt_durably_before_any_effect() -> None:
 
 def test_a_cold_birth_is_a_durable_unseeded_classification() -> None:
     birth = transitions.born(
-        "slot-1", owner=None, seed=None, origin=None, now=NOW, idle_deadline=NOW + IDLE
+        "slot-1", Binding(owner=None, seed=None, origin=None), now=NOW, idle_deadline=NOW + IDLE
     )
     assert birth.record.state is State.UNSEEDED
     assert birth.entry is not None
@@ -57,40 +62,48 @@ def test_a_cold_birth_is_a_durable_unseeded_classification() -> None:
 
 def test_recording_the_incarnation_detaches_the_restore_and_settles_a_cold_launch() -> None:
     seeding = changed(
-        transitions.record_incarnation(
-            unlaunched_seeding(), incarnation=INCARNATION, launch=RESTORE, now=NOW
+        transitions.RECORD_INCARNATION.decide(
+            unlaunched_seeding(),
+            transitions.Launched(incarnation=INCARNATION, launch=RESTORE, now=NOW),
         )
     )
     assert seeding.record.incarnation == INCARNATION
     assert seeding.record.window.entries[0].status is OpStatus.DETACHED
     assert seeding.record.rev == 2
     cold = transitions.born(
-        "slot-1", owner=None, seed=None, origin=None, now=NOW, idle_deadline=NOW + IDLE
+        "slot-1", Binding(owner=None, seed=None, origin=None), now=NOW, idle_deadline=NOW + IDLE
     ).record
     launched = changed(
-        transitions.record_incarnation(cold, incarnation=INCARNATION, launch=LAUNCH, now=NOW)
+        transitions.RECORD_INCARNATION.decide(
+            cold, transitions.Launched(incarnation=INCARNATION, launch=LAUNCH, now=NOW)
+        )
     )
     assert launched.record.window.unsettled == 0
 
 
 def test_the_incarnation_is_recorded_once() -> None:
     record = record_in(State.SEEDING)
-    same = transitions.record_incarnation(record, incarnation=INCARNATION, launch=RESTORE, now=NOW)
+    same = transitions.RECORD_INCARNATION.decide(
+        record, transitions.Launched(incarnation=INCARNATION, launch=RESTORE, now=NOW)
+    )
     assert same == Acknowledged(record)
-    other = transitions.record_incarnation(
-        record, incarnation="local:slot-1:2", launch=RESTORE, now=NOW
+    other = transitions.RECORD_INCARNATION.decide(
+        record, transitions.Launched(incarnation="local:slot-1:2", launch=RESTORE, now=NOW)
     )
     assert other == Refused("incarnation-recorded")
 
 
 def test_a_task_faster_than_the_launch_bookkeeping_keeps_its_verdict() -> None:
     fast = changed(
-        transitions.settle_seed(
-            unlaunched_seeding(), attempt=1, restore=RESTORE, result=success(), now=NOW
+        transitions.SETTLE_SEED.decide(
+            unlaunched_seeding(),
+            transitions.Verdict(attempt=1, restore=RESTORE, result=success(), now=NOW),
         )
     ).record
     late = changed(
-        transitions.record_incarnation(fast, incarnation=INCARNATION, launch=RESTORE, now=NOW)
+        transitions.RECORD_INCARNATION.decide(
+            fast, transitions.Launched(incarnation=INCARNATION, launch=RESTORE, now=NOW)
+        )
     )
     assert late.record.state is State.SEEDED
     assert late.record.window.entries[0].status is OpStatus.SETTLED
@@ -99,12 +112,16 @@ def test_a_task_faster_than_the_launch_bookkeeping_keeps_its_verdict() -> None:
 def test_settle_seed_moves_seeding_to_its_verdict() -> None:
     record = record_in(State.SEEDING)
     seeded = changed(
-        transitions.settle_seed(record, attempt=1, restore=RESTORE, result=success(), now=NOW)
+        transitions.SETTLE_SEED.decide(
+            record, transitions.Verdict(attempt=1, restore=RESTORE, result=success(), now=NOW)
+        )
     )
     assert seeded.record.state is State.SEEDED
     assert seeded.record.result == success()
     failed = changed(
-        transitions.settle_seed(record, attempt=1, restore=RESTORE, result=failure(), now=NOW)
+        transitions.SETTLE_SEED.decide(
+            record, transitions.Verdict(attempt=1, restore=RESTORE, result=failure(), now=NOW)
+        )
     )
     assert failed.record.state is State.SEED_FAILED
     assert failed.record.window.unsettled == 0
@@ -112,7 +129,9 @@ def test_settle_seed_moves_seeding_to_its_verdict() -> None:
 
 def test_a_duplicate_verdict_is_acknowledged_and_the_first_stands() -> None:
     record = record_in(State.SEEDED)
-    again = transitions.settle_seed(record, attempt=1, restore=RESTORE, result=failure(), now=NOW)
+    again = transitions.SETTLE_SEED.decide(
+        record, transitions.Verdict(attempt=1, restore=RESTORE, result=failure(), now=NOW)
+    )
     assert isinstance(again, Acknowledged)
     assert again.record.state is State.SEEDED
 
@@ -130,8 +149,8 @@ def test_settle_seed_refuses_anyone_but_the_live_attempt(
     attempt: int, restore: OpRef, reason: str
 ) -> None:
     record = record_in(State.SEEDING)
-    decision = transitions.settle_seed(
-        record, attempt=attempt, restore=restore, result=success(), now=NOW
+    decision = transitions.SETTLE_SEED.decide(
+        record, transitions.Verdict(attempt=attempt, restore=restore, result=success(), now=NOW)
     )
     assert decision == Refused(reason)
 
@@ -146,10 +165,13 @@ def test_only_an_expired_unseeded_slot_with_nothing_in_flight_is_fenced(
     record = record_in(state)
     if unsettled and record.window.unsettled == 0 and state is not State.RETIRED:
         record = changed(
-            transitions.reserve(record, kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW)
+            transitions.RESERVE.decide(
+                record,
+                transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW),
+            )
         ).record
     now = EXPIRED if expired else NOW + IDLE
-    decision = transitions.fence(record, now=now)
+    decision = transitions.FENCE.decide(record, transitions.At(now=now))
     permitted = state is State.UNSEEDED and expired and record.window.unsettled == 0
     assert isinstance(decision, Change) is permitted
     if permitted:
@@ -160,30 +182,42 @@ def test_only_an_expired_unseeded_slot_with_nothing_in_flight_is_fenced(
 
 
 def test_the_fence_names_why_it_retains() -> None:
-    assert transitions.fence(record_in(State.SEEDED), now=EXPIRED) == Refused("state-seeded")
-    assert transitions.fence(record_in(State.UNSEEDED), now=NOW + IDLE) == Refused("not-idle")
+    assert transitions.FENCE.decide(
+        record_in(State.SEEDED), transitions.At(now=EXPIRED)
+    ) == Refused("state-seeded")
+    assert transitions.FENCE.decide(
+        record_in(State.UNSEEDED), transitions.At(now=NOW + IDLE)
+    ) == Refused("not-idle")
 
 
 def test_retire_settles_the_stop_and_needs_no_other_obligation() -> None:
     closing = record_in(State.CLOSING)
     stop = closing.window.entries[-1].ref
-    retired = changed(transitions.retire(closing, stop=stop, now=EXPIRED, expires_at=EXPIRED + 1))
+    retired = changed(
+        transitions.RETIRE.decide(
+            closing, transitions.Stopped(stop=stop, now=EXPIRED, expires_at=EXPIRED + 1)
+        )
+    )
     assert retired.record.state is State.RETIRED
-    assert transitions.retire(
-        retired.record, stop=stop, now=EXPIRED, expires_at=EXPIRED + 1
+    assert transitions.RETIRE.decide(
+        retired.record, transitions.Stopped(stop=stop, now=EXPIRED, expires_at=EXPIRED + 1)
     ) == Acknowledged(retired.record)
     blocked = changed(
-        transitions.reserve(closing, kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW)
+        transitions.RESERVE.decide(
+            closing, transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW)
+        )
     ).record
-    assert transitions.retire(blocked, stop=stop, now=EXPIRED, expires_at=EXPIRED + 1) == Refused(
-        "unsettled-operations"
-    )
+    assert transitions.RETIRE.decide(
+        blocked, transitions.Stopped(stop=stop, now=EXPIRED, expires_at=EXPIRED + 1)
+    ) == Refused("unsettled-operations")
 
 
 @pytest.mark.parametrize("state", [s for s in State if s is not State.CLOSING])
 def test_retire_refuses_without_the_fence(state: State) -> None:
     record = record_in(state)
-    decision = transitions.retire(record, stop=LAUNCH, now=EXPIRED, expires_at=EXPIRED + 1)
+    decision = transitions.RETIRE.decide(
+        record, transitions.Stopped(stop=LAUNCH, now=EXPIRED, expires_at=EXPIRED + 1)
+    )
     assert isinstance(decision, Refused | Acknowledged)
     if state is State.RETIRED:
         assert isinstance(decision, Acknowledged)
@@ -192,22 +226,26 @@ def test_retire_refuses_without_the_fence(state: State) -> None:
 def test_a_checkpoint_counts_only_for_its_owner_and_incarnation() -> None:
     record = record_in(State.SEEDED)
     upload = changed(
-        transitions.reserve(record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW)
+        transitions.RESERVE.decide(
+            record, transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW)
+        )
     )
     assert upload.entry is not None
     recorded = changed(
-        transitions.record_checkpoint(
-            upload.record, checkpoint=checkpoint(), upload=upload.entry.ref, now=NOW
+        transitions.RECORD_CHECKPOINT.decide(
+            upload.record,
+            transitions.Uploaded(checkpoint=checkpoint(), upload=upload.entry.ref, now=NOW),
         )
     )
     assert recorded.record.checkpoint == checkpoint()
     assert recorded.record.window.unsettled == 0
     for wrong in [checkpoint(owner=owner(run="run-2")), checkpoint(incarnation="local:other")]:
-        assert transitions.record_checkpoint(
-            upload.record, checkpoint=wrong, upload=upload.entry.ref, now=NOW
+        assert transitions.RECORD_CHECKPOINT.decide(
+            upload.record, transitions.Uploaded(checkpoint=wrong, upload=upload.entry.ref, now=NOW)
         ) == Refused("checkpoint-owner-mismatch")
-    assert transitions.record_checkpoint(
-        record_in(State.SEEDING), checkpoint=checkpoint(), upload=upload.entry.ref, now=NOW
+    assert transitions.RECORD_CHECKPOINT.decide(
+        record_in(State.SEEDING),
+        transitions.Uploaded(checkpoint=checkpoint(), upload=upload.entry.ref, now=NOW),
     ) == Refused("state-seeding")
 
 
@@ -215,20 +253,27 @@ def test_reserve_refuses_a_full_window_and_a_retired_slot() -> None:
     record = record_in(State.SEEDED)
     for _ in range(WINDOW_SIZE):
         record = changed(
-            transitions.reserve(record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW)
+            transitions.RESERVE.decide(
+                record,
+                transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+            )
         ).record
-    assert transitions.reserve(
-        record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW
+    assert transitions.RESERVE.decide(
+        record, transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW)
     ) == Refused("window-full")
-    assert transitions.reserve(
-        record_in(State.RETIRED), kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW
+    assert transitions.RESERVE.decide(
+        record_in(State.RETIRED),
+        transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
     ) == Refused("state-retired")
 
 
 def test_every_change_grows_rev_by_one_and_never_moves_updated_at_back() -> None:
     record = record_in(State.SEEDED)
     later = changed(
-        transitions.reserve(record, kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW - 50)
+        transitions.RESERVE.decide(
+            record,
+            transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW - 50),
+        )
     ).record
     assert later.rev == record.rev + 1
     assert later.updated_at == record.updated_at

@@ -26,6 +26,7 @@ from seedkeeper import __version__
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings, snapshots
 from seedkeeper.domain.models import ResourceName, SlotId
+from seedkeeper.domain.outcomes import Payment, Recorded, SnapshotStatus
 from seedkeeper.domain.record import (
     Absent,
     Classified,
@@ -36,7 +37,6 @@ from seedkeeper.domain.record import (
 )
 from seedkeeper.domain.snapshots import Snapshot
 from seedkeeper.errors import SeedkeeperError
-from seedkeeper.services.rotation import Payment, Recorded, SnapshotStatus
 from seedkeeper_tools.demo import run_demo
 from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.local.gateway import LocalCredentials

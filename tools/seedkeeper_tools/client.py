@@ -21,11 +21,19 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials, ReadOnlyCredentials
 
 from seedkeeper.domain.models import OwnerClaim, SeedIdentity
+from seedkeeper.domain.outcomes import (
+    Cold,
+    Evidence,
+    NotSeeded,
+    Payment,
+    Receipt,
+    Recorded,
+    Seeded,
+    Seeding,
+    SnapshotStatus,
+)
 from seedkeeper.domain.snapshots import NewSnapshot
 from seedkeeper.errors import SeedkeeperError
-from seedkeeper.services.receipts import Evidence, Receipt
-from seedkeeper.services.rotation import Payment, Recorded, SnapshotStatus
-from seedkeeper.services.seed import Cold, NotSeeded, Seeded, Seeding
 
 # The function answering each path, when each function has its own URL.
 FUNCTIONS = {

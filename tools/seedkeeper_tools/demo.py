@@ -25,13 +25,13 @@ from rich.console import Console
 from rich.table import Table
 
 from seedkeeper.adapters.r2 import R2, R2Settings
-from seedkeeper.adapters.runtime import TaskStatus
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain.models import OwnerClaim, SeedIdentity
+from seedkeeper.domain.outcomes import Cold, Seeded
 from seedkeeper.domain.record import Supported
 from seedkeeper.domain.snapshots import NewSnapshot
+from seedkeeper.domain.sweep import TaskStatus
 from seedkeeper.observability import logger
-from seedkeeper.services.seed import Cold, Seeded
 from seedkeeper_task.supervisor import CHECKOUT
 from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.local.gateway import LocalCredentials

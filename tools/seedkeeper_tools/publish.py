@@ -21,9 +21,10 @@ from pathlib import Path
 
 from seedkeeper.adapters.clock import epoch_seconds
 from seedkeeper.adapters.r2 import R2, backup_key
+from seedkeeper.domain.outcomes import Recorded
 from seedkeeper.domain.snapshots import Archive, NewSnapshot
 from seedkeeper.errors import PublishFailed
-from seedkeeper.services.rotation import Recorded, Snapshots
+from seedkeeper.services.rotation import Snapshots
 from seedkeeper_task.restore.repository import (
     ConfigEntry,
     SafeGit,

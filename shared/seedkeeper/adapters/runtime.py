@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal, Protocol
 
@@ -20,16 +19,11 @@ from pydantic import AfterValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
+from seedkeeper.domain.sweep import TaskStatus
 from seedkeeper.errors import RuntimeUnavailable
 
 if TYPE_CHECKING:
     from mypy_boto3_ecs import ECSClient
-
-
-class TaskStatus(StrEnum):
-    RUNNING = "running"
-    STOPPED = "stopped"
-    UNKNOWN = "unknown"  # nothing known about this incarnation: never a reason to destroy
 
 
 class SlotRuntime(Protocol):

@@ -17,11 +17,10 @@ import binascii
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import cached_property
 from http import HTTPStatus
 from itertools import accumulate
-from types import UnionType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Response, content_types
@@ -30,23 +29,16 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
     RequestUnsupportedContentType,
     RequestValidationError,
 )
-from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.utilities.data_classes import LambdaFunctionUrlEvent
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from seedkeeper import __version__
 from seedkeeper.adapters.r2 import R2Settings, transfer_mode
-from seedkeeper.domain.models import Model
+from seedkeeper.api.answers import REFUSALS, FieldError, Health, answer, documented, refusal_of
+from seedkeeper.domain.refused import Refused
 from seedkeeper.errors import (
-    MalformedRecord,
-    R2Unavailable,
-    R2Unconfigured,
-    ResourceNotFound,
-    RotationConflict,
     SeedkeeperError,
-    SnapshotRefused,
-    StoreUnavailable,
 )
 from seedkeeper.observability import logger
 
@@ -56,68 +48,6 @@ if TYPE_CHECKING:
 Handler = Callable[[dict[str, Any], LambdaContext], dict[str, Any]]
 _FIELD_CHARS = 120
 _MAX_FIELDS = 20
-
-
-class FieldError(Model):
-    field: str
-    message: str
-
-
-class ErrorAnswer(Model):
-    error: str  # a reason token
-    detail: str | None = None
-    fields: tuple[FieldError, ...] = ()
-
-
-# The one refusal for an absent slot and for any mismatch: no existence oracle.
-NO_MATCH = ErrorAnswer(error="no-match")
-
-
-class Health(Model):
-    ok: bool
-    build: str
-    backupTransfer: str
-
-
-def json_response(
-    status: int, body: BaseModel, headers: Mapping[str, str] | None = None
-) -> Response[str]:
-    return Response(
-        status, content_types.APPLICATION_JSON, body.model_dump_json(), headers=dict(headers or {})
-    )
-
-
-# A body model, or a union of them (`Seeded | Cold`) when one status has several bodies.
-Body = type[BaseModel] | UnionType
-
-# What a route may answer besides its own answers: any route, a body that is not JSON
-# (`_json_bodies_only`); a route that takes input and reaches a store, also invalid input
-# (`invalid`) and the domain errors `_answer` maps to 500 or 503.
-_UNSUPPORTED: Mapping[int, Body] = {HTTPStatus.UNSUPPORTED_MEDIA_TYPE: ErrorAnswer}
-_REFUSALS: Mapping[int, Body] = {
-    **_UNSUPPORTED,
-    HTTPStatus.BAD_REQUEST: ErrorAnswer,
-    HTTPStatus.INTERNAL_SERVER_ERROR: ErrorAnswer,
-    HTTPStatus.SERVICE_UNAVAILABLE: ErrorAnswer,
-}
-
-
-def responses(
-    answers: Mapping[int, Body], refusals: Mapping[int, Body] = _REFUSALS
-) -> dict[int, OpenAPIResponse]:
-    """A route's documented answers (its `responses=`): its own and the refusals it shares.
-    A status both give is documented with either body. The handlers return `Response[str]`,
-    which Powertools would otherwise document as one 200 string."""
-    bodies = dict(answers)
-    for status, body in refusals.items():
-        bodies[status] = bodies[status] | body if status in bodies else body
-    return {
-        int(status): {
-            "description": HTTPStatus(status).phrase,
-            "content": {content_types.APPLICATION_JSON: {"model": body}},
-        }
-        for status, body in sorted(bodies.items())
-    }
 
 
 class _Resolver(LambdaFunctionUrlResolver):
@@ -149,11 +79,11 @@ def function_url_app() -> LambdaFunctionUrlResolver:
     app = _Resolver()
     app.use(middlewares=[_served_routes_only, _json_bodies_only])
 
-    @app.get("/healthz", responses=responses({HTTPStatus.OK: Health}, refusals=_UNSUPPORTED))
+    @app.get("/healthz", responses=documented([Health], refusals=["unsupported-media-type"]))
     def healthz() -> Response[str]:
         build = os.environ.get("SEEDKEEPER_BUILD", __version__)
         mode = transfer_mode(R2Settings()).mode
-        return json_response(HTTPStatus.OK, Health(ok=True, build=build, backupTransfer=mode))
+        return answer(Health(ok=True, build=build, backupTransfer=mode))
 
     @app.exception_handler(RequestValidationError)  # type: ignore[untyped-decorator]
     def invalid(error: RequestValidationError) -> Response[str]:
@@ -165,10 +95,7 @@ def function_url_app() -> LambdaFunctionUrlResolver:
             )
             for issue in error.errors()[:_MAX_FIELDS]
         )
-        logger.info("request refused", reason="invalid-request", fields=len(fields))
-        return json_response(
-            HTTPStatus.BAD_REQUEST, ErrorAnswer(error="invalid-request", fields=fields)
-        )
+        return answer(Refused("invalid-request"), fields=fields)
 
     @app.exception_handler(RequestUnsupportedContentType)  # type: ignore[untyped-decorator]
     def unsupported(_: RequestUnsupportedContentType) -> Response[str]:
@@ -180,16 +107,14 @@ def function_url_app() -> LambdaFunctionUrlResolver:
         # deployment's settings. Named for the operator, their values never logged.
         names = [".".join(str(part) for part in issue["loc"]) for issue in error.errors()]
         logger.error("settings invalid", model=error.title, fields=names[:_MAX_FIELDS])
-        return json_response(HTTPStatus.INTERNAL_SERVER_ERROR, ErrorAnswer(error="internal-error"))
+        return answer(Refused("internal-error"))
 
     @app.exception_handler(SeedkeeperError)  # type: ignore[untyped-decorator]
     def domain(error: SeedkeeperError) -> Response[str]:
-        status, answer = _answer(error)
-        if status >= HTTPStatus.INTERNAL_SERVER_ERROR:
-            logger.exception("request failed", reason=answer.error)
-        else:
-            logger.info("request refused", reason=answer.error)
-        return json_response(status, answer)
+        refused = refusal_of(error)
+        if REFUSALS[refused.reason] >= HTTPStatus.INTERNAL_SERVER_ERROR:
+            logger.exception("request failed", reason=refused.reason)
+        return answer(refused)
 
     return app
 
@@ -202,17 +127,11 @@ def _served_routes_only(
     answer to either is a 404 of another shape.)"""
     allowed = _methods_serving(app, app.current_event.path)
     if app.current_event.http_method in allowed:
-        answer: Response[str] = next_middleware(app)
-        return answer
+        answered: Response[str] = next_middleware(app)
+        return answered
     if not allowed:
-        logger.info("request refused", reason="not-found")
-        return json_response(HTTPStatus.NOT_FOUND, ErrorAnswer(error="not-found"))
-    logger.info("request refused", reason="method-not-allowed")
-    return json_response(
-        HTTPStatus.METHOD_NOT_ALLOWED,
-        ErrorAnswer(error="method-not-allowed"),
-        headers={"Allow": ", ".join(allowed)},
-    )
+        return answer(Refused("not-found"))
+    return answer(Refused("method-not-allowed"), headers={"Allow": ", ".join(allowed)})
 
 
 def _methods_serving(app: LambdaFunctionUrlResolver, path: str) -> list[str]:
@@ -235,8 +154,8 @@ def _json_bodies_only(
         declared = event.headers.get("content-type") or event.headers.get("Content-Type") or ""
         if declared.split(";")[0].strip().lower() != content_types.APPLICATION_JSON:
             return _unsupported_media_type()
-    answer: Response[str] = next_middleware(app)
-    return answer
+    answered: Response[str] = next_middleware(app)
+    return answered
 
 
 # Limits on a body, checked before it is parsed (depth) and while it is (the rest).
@@ -252,7 +171,7 @@ _NESTING = {"[": 1, "{": 1, "]": -1, "}": -1}
 _DIGIT = re.compile(r"[0-9]")
 
 
-class _Refused(Exception):
+class _OverLimit(Exception):
     """A body over a limit; the message names it."""
 
 
@@ -262,7 +181,7 @@ def parse_body(text: str) -> dict[str, Any]:
     body: depth is counted without recursing, before the parser (which recurses) runs."""
     try:
         if _depth(text) > MAX_DEPTH:
-            raise _Refused(f"nested deeper than {MAX_DEPTH} levels")
+            raise _OverLimit(f"nested deeper than {MAX_DEPTH} levels")
         parsed = json.loads(
             text,
             object_pairs_hook=_unique_keys,
@@ -271,9 +190,9 @@ def parse_body(text: str) -> dict[str, Any]:
             parse_constant=_not_json,
         )
         if not isinstance(parsed, dict):
-            raise _Refused("must be a JSON object")
+            raise _OverLimit("must be a JSON object")
         json.dumps(parsed, ensure_ascii=False).encode()  # a lone surrogate cannot encode
-    except _Refused as refused:
+    except _OverLimit as refused:
         raise _body_refused(str(refused)) from None
     except UnicodeEncodeError:
         raise _body_refused("not Unicode: a lone surrogate") from None
@@ -289,7 +208,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     seen: set[str] = set()
     for key, _ in pairs:
         if key in seen:
-            raise _Refused(f"duplicate key {key[:_KEY_CHARS]!r}")
+            raise _OverLimit(f"duplicate key {key[:_KEY_CHARS]!r}")
         seen.add(key)
     return dict(pairs)
 
@@ -297,14 +216,14 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _bounded(number: Callable[[str], Any]) -> Callable[[str], Any]:
     def parse(token: str) -> Any:
         if len(_DIGIT.findall(token)) > MAX_DIGITS:
-            raise _Refused(f"a number with more than {MAX_DIGITS} digits")
+            raise _OverLimit(f"a number with more than {MAX_DIGITS} digits")
         return number(token)
 
     return parse
 
 
 def _not_json(constant: str) -> NoReturn:
-    raise _Refused(f"not JSON: {constant}")
+    raise _OverLimit(f"not JSON: {constant}")
 
 
 def _body_refused(message: str) -> RequestValidationError:
@@ -324,28 +243,8 @@ class _FunctionUrlEvent(LambdaFunctionUrlEvent):
 
 
 def _unsupported_media_type() -> Response[str]:
-    logger.info("request refused", reason="unsupported-media-type")
     field = FieldError(field="header.content-type", message="must be application/json")
-    answer = ErrorAnswer(error="unsupported-media-type", fields=(field,))
-    return json_response(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, answer)
-
-
-def _answer(error: SeedkeeperError) -> tuple[int, ErrorAnswer]:
-    if isinstance(error, ResourceNotFound):
-        return HTTPStatus.NOT_FOUND, ErrorAnswer(error="resource-not-found")
-    if isinstance(error, RotationConflict):
-        return HTTPStatus.CONFLICT, ErrorAnswer(error="rotation-conflict")
-    if isinstance(error, SnapshotRefused):
-        return HTTPStatus.CONFLICT, ErrorAnswer(error=error.reason, detail=error.detail)
-    if isinstance(error, R2Unconfigured):
-        return HTTPStatus.SERVICE_UNAVAILABLE, ErrorAnswer(
-            error="r2-unconfigured", detail=", ".join(error.missing)
-        )
-    if isinstance(error, StoreUnavailable | R2Unavailable):
-        return HTTPStatus.SERVICE_UNAVAILABLE, ErrorAnswer(error="retry-later")
-    if isinstance(error, MalformedRecord):
-        return HTTPStatus.INTERNAL_SERVER_ERROR, ErrorAnswer(error="record-malformed")
-    return HTTPStatus.INTERNAL_SERVER_ERROR, ErrorAnswer(error="internal-error")
+    return answer(Refused("unsupported-media-type"), fields=[field])
 
 
 def entrypoint(app: LambdaFunctionUrlResolver) -> Handler:

@@ -104,3 +104,13 @@ class SeedIdentity(Model):
     deps_backup_id: BackupId | None = None
     fetch_ref: BranchRef | None = None
     fetch_sha: GitSha | None = None
+
+
+class Binding(Model):
+    """What a slot is bound to, together and for good: its owner's claim, its seed and its
+    origin (each absent for a cold slot). A caller naming another binding is not the
+    slot's own."""
+
+    owner: OwnerClaim | None = None
+    seed: SeedIdentity | None = None
+    origin: Origin | None = None

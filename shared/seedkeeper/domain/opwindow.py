@@ -49,7 +49,7 @@ class OpStatus(StrEnum):
     UNKNOWN = "unknown"  # of an earlier generation, never settled: whether it happened is unknown
 
 
-Outcome = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,63}$")]
+OpOutcome = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,63}$")]
 
 
 class OpRef(Model):
@@ -63,7 +63,7 @@ class OpRef(Model):
 class Operation(OpRef):
     kind: OpKind
     status: OpStatus
-    outcome: Outcome | None = None
+    outcome: OpOutcome | None = None
 
     @property
     def ref(self) -> OpRef:

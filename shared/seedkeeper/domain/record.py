@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from seedkeeper.domain.models import (
     BackupId,
+    Binding,
     BranchRef,
     GitSha,
     Incarnation,
@@ -104,6 +105,10 @@ class SlotRecord(Model):
     created_at: EpochSeconds
     updated_at: EpochSeconds
     expires_at: EpochSeconds | None = None
+
+    @property
+    def binding(self) -> Binding:
+        return Binding(owner=self.owner, seed=self.seed, origin=self.origin)
 
     @model_validator(mode="after")
     def _states_carry_their_facts(self) -> SlotRecord:

@@ -20,6 +20,7 @@ from pydantic import Field, model_validator
 
 from seedkeeper.domain.models import BackupId, BranchRef, GitSha, Model, ResourceName, SeedIdentity
 from seedkeeper.domain.record import EpochSeconds
+from seedkeeper.domain.refused import Refused
 
 LockfileHash = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -174,12 +175,6 @@ class Unchanged:
     """The same snapshot recorded again (a retried publish): nothing rotates."""
 
     current: Snapshot
-
-
-@dataclass(frozen=True)
-class Refused:
-    reason: str
-    detail: str
 
 
 def plan_rotation(

@@ -10,17 +10,15 @@ permits a stop.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
 from seedkeeper.adapters.r2 import R2
 from seedkeeper.domain.checkpoints import counts_for
 from seedkeeper.domain.models import Incarnation, Model, OwnerClaim, SeedIdentity, SlotId
+from seedkeeper.domain.outcomes import CheckpointState, Evidence, Receipt
 from seedkeeper.domain.record import Absent, Checkpoint, SlotRecord, State, Supported
+from seedkeeper.domain.refused import Refused
 from seedkeeper.errors import R2Unavailable
 from seedkeeper.store.lifecycle import Lifecycle
-
-CheckpointState = Literal["present", "lost", "unknown"]
 
 
 class ReceiptRequest(Model):
@@ -35,28 +33,8 @@ class EvidenceRequest(Model):
     claim: OwnerClaim
 
 
-class Receipt(Model):
-    slot: str
-    checkpoint: CheckpointState
-    why: str | None = None  # for "unknown": what made it uncertain
-    size: int | None = None
-    created_at: int | None = None
-    expires_at: int | None = None
-
-
-class Evidence(Model):
-    slot: str
-    incarnation: str | None  # the birth container
-    state: str
-    checkpoint: CheckpointState
-    # Never a stop permit: the checkout's current bytes, exclusive ownership and detached
-    # writers' quiescence are not proven by any of these facts.
-    disposition: Literal["retained", "retired"]
-
-
-@dataclass(frozen=True)
-class Refused:
-    """The one answer for an absent slot and for any mismatch."""
+# The one refusal for an absent slot and for any mismatch: no existence oracle.
+NO_MATCH = "no-match"
 
 
 class Witness:
@@ -68,7 +46,7 @@ class Witness:
     def receipt(self, request: ReceiptRequest) -> Receipt | Refused:
         classified = self._lifecycle.read(request.slot)
         if isinstance(classified, Absent):
-            return Refused()
+            return Refused(NO_MATCH)
         if not isinstance(classified, Supported):
             return Receipt(slot=request.slot, checkpoint="unknown", why="record-unsupported")
         record = classified.record
@@ -78,7 +56,7 @@ class Witness:
             and record.incarnation == request.incarnation
         )
         if not exact:
-            return Refused()
+            return Refused(NO_MATCH)
         state, why = self._checkpoint_state(record)
         checkpoint = record.checkpoint if state != "unknown" else None
         return Receipt(
@@ -93,7 +71,7 @@ class Witness:
     def evidence(self, request: EvidenceRequest) -> Evidence | Refused:
         classified = self._lifecycle.read(request.slot)
         if not isinstance(classified, Supported) or classified.record.owner != request.claim:
-            return Refused()
+            return Refused(NO_MATCH)
         record = classified.record
         state, _ = self._checkpoint_state(record)
         return Evidence(

@@ -11,54 +11,18 @@ from collections.abc import Callable, Iterable
 
 from seedkeeper.adapters.clock import epoch_seconds
 from seedkeeper.adapters.r2 import R2, backup_key
-from seedkeeper.domain.models import Model
+from seedkeeper.domain.outcomes import ObjectCounts, Payment, Recorded, SnapshotStatus
+from seedkeeper.domain.refused import Refused
 from seedkeeper.domain.snapshots import (
     Archive,
-    DepsEntry,
     NewSnapshot,
-    Refused,
     Resident,
-    SeedHandle,
-    Snapshot,
     Unchanged,
     plan_rotation,
     plan_teardown,
 )
 from seedkeeper.errors import ResourceNotFound, RotationConflict, SnapshotRefused
 from seedkeeper.store.snapshots import Lost, SnapshotStore
-
-
-class Payment(Model):
-    """What one attempt to pay the ledger did."""
-
-    deleted: tuple[str, ...] = ()
-    pending: tuple[str, ...] = ()
-    # Owed by an entry written before ownership was recorded, but not this resource's object:
-    # the entry is cleared and the object left alone (R2's lifecycle rule is its backstop).
-    spared: tuple[str, ...] = ()
-
-
-class Recorded(Model):
-    resource: str
-    rotated: bool
-    current: Snapshot
-    retired: Snapshot | None
-    payment: Payment
-
-
-class ObjectCounts(Model):
-    recorded: int
-    present: int | None  # None when R2 is not configured or did not answer
-
-
-class SnapshotStatus(Model):
-    resource: str
-    current: Snapshot | None
-    retired: Snapshot | None
-    seed_handle: SeedHandle | None
-    deps: tuple[DepsEntry, ...]
-    pending_deletions: tuple[str, ...]
-    objects: ObjectCounts
 
 
 class Snapshots:

@@ -8,30 +8,30 @@ touch of the checkout. Anyone else gets a 409 reason token and learns nothing mo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from http import HTTPStatus
-from types import UnionType
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import Field, SecretStr
 
 from seedkeeper.adapters.r2 import R2, backup_key
-from seedkeeper.adapters.runtime import SlotRuntime, TaskStatus
+from seedkeeper.adapters.runtime import SlotRuntime
+from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import IdleSettings
-from seedkeeper.domain.models import Model, Origin, OwnerClaim, SeedIdentity, SlotId
+from seedkeeper.domain.models import Binding, Model, Origin, OwnerClaim, SeedIdentity, SlotId
 from seedkeeper.domain.opwindow import OpRef
+from seedkeeper.domain.outcomes import Cold, NotSeeded, Seeded, Seeding, SeedOutcome
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import (
     Absent,
-    Classified,
     SeedFailed,
     SeedSucceeded,
     SlotRecord,
     State,
     Supported,
 )
-from seedkeeper.domain.transitions import Acknowledged, Refused
+from seedkeeper.domain.refused import Refused
+from seedkeeper.domain.sweep import TaskStatus
+from seedkeeper.domain.transitions import TOUCH, Acknowledged, Poll
 from seedkeeper.store.lifecycle import Conflict, Lifecycle, Unmet, Written
 from seedkeeper.store.snapshots import SnapshotStore
 
@@ -50,64 +50,9 @@ class SeedRequest(Model):
     claim: OwnerClaim | None = None
     origin: Origin | None = None
 
-
-# -- answers ---------------------------------------------------------------------------
-
-
-class Seeding(Model):
-    state: Literal["seeding"] = "seeding"
-    slot: str
-    attempt: int
-    incarnation: str | None
-    claim: OwnerClaim | None
-
-
-class Seeded(Model):
-    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
-
-    seeded: Literal[True] = True
-    cached: bool
-    ref: str
-    sha: str
-    from_: str = Field(alias="from")
-    steps: dict[str, int]
-    ms: int
-    incarnation: str | None
-    claim: OwnerClaim | None
-
-
-class NotSeeded(Model):
-    seeded: Literal[False] = False
-    reason: str
-    step: str | None = None
-    detail: str | None = None
-
-
-class Cold(Model):
-    state: Literal["unseeded"] = "unseeded"
-    seeded: Literal[False] = False
-    slot: str
-    attempt: int
-    incarnation: str | None
-
-
-class Refusal(Model):
-    error: str  # a reason token, and nothing about anyone else's slot
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    body: BaseModel
-
-
-# Every status `SeedService.seed` answers with, and its bodies: the route documents these.
-ANSWERS: Mapping[int, type[BaseModel] | UnionType] = {
-    HTTPStatus.OK: Seeded | NotSeeded | Cold,
-    HTTPStatus.ACCEPTED: Seeding,
-    HTTPStatus.CONFLICT: Refusal,
-    HTTPStatus.SERVICE_UNAVAILABLE: Refusal,
-}
+    @property
+    def binding(self) -> Binding:
+        return Binding(owner=self.claim, seed=self.seed, origin=self.origin)
 
 
 class SeedService:
@@ -130,33 +75,36 @@ class SeedService:
         self._presign_expiry = presign_expiry
         self._clock = clock
 
-    def seed(self, request: SeedRequest) -> Answer:
+    def seed(self, request: SeedRequest) -> SeedOutcome:
         if request.seed is not None and self._r2 is None:
-            return Answer(HTTPStatus.OK, NotSeeded(reason="seed-unconfigured"))
+            return NotSeeded(reason="seed-unconfigured")
         for _ in range(_ROUNDS):
             now = self._clock()
             touched = self._lifecycle.touch(
                 request.slot,
-                owner=request.claim,
-                seed=request.seed,
-                origin=request.origin,
+                request.binding,
                 now=now,
                 idle_deadline=now + self._settings.idle_window,
             )
             if isinstance(touched, Written):
                 return self._attach(request, touched.record)
             current = touched.current
-            if not isinstance(current, Absent):
-                refusal = _refusal(request, current)
-                if refusal is not None:
-                    return Answer(HTTPStatus.CONFLICT, Refusal(error=refusal))
+            if isinstance(current, Supported):
+                poll = Poll(
+                    request.binding, now=now, idle_deadline=now + self._settings.idle_window
+                )
+                refused = TOUCH.decide(current.record, poll)
+                if isinstance(refused, Refused):
+                    return refused
                 continue  # ours after all (a race): touch it again
+            if not isinstance(current, Absent):
+                return Refused("record-unsupported")
             born = self._birth(request)
             if born is not None:
                 return born
-        return Answer(HTTPStatus.SERVICE_UNAVAILABLE, Refusal(error="retry-later"))
+        return Refused("retry-later")
 
-    def _birth(self, request: SeedRequest) -> Answer | None:
+    def _birth(self, request: SeedRequest) -> SeedOutcome | None:
         """None when another caller's birth won the race: the caller re-decides. A seeded
         slot is born only in one transaction with the proof that a recorded generation
         names its seed, so nothing unrecorded is ever presigned."""
@@ -164,21 +112,19 @@ class SeedService:
         now = self._clock()
         born = self._lifecycle.birth(
             request.slot,
-            owner=request.claim,
-            seed=seed,
-            origin=request.origin,
+            request.binding,
             now=now,
             idle_deadline=now + self._settings.idle_window,
             requires=self._snapshots.recorded_check(seed) if seed is not None else None,
         )
         if isinstance(born, Unmet):
-            return Answer(HTTPStatus.OK, NotSeeded(reason="seed-missing"))
+            return NotSeeded(reason="seed-missing")
         if isinstance(born, Conflict):
             return None
         assert born.entry is not None
         return self._launch(born.record, born.entry.ref)
 
-    def _attach(self, request: SeedRequest, record: SlotRecord) -> Answer:
+    def _attach(self, request: SeedRequest, record: SlotRecord) -> SeedOutcome:
         """The same call again: answer the state, finishing a launch a dead handler left."""
         if record.state in {State.SEEDING, State.UNSEEDED}:
             open_launch = next(
@@ -190,30 +136,30 @@ class SeedService:
                 status = self._runtime().status(record.incarnation)
                 if status is TaskStatus.STOPPED:
                     return self._retry(request, record)
-        return Answer(*_answer(record))
+        return outcome_of(record)
 
-    def _retry(self, request: SeedRequest, record: SlotRecord) -> Answer:
+    def _retry(self, request: SeedRequest, record: SlotRecord) -> SeedOutcome:
         """The task died without a verdict: a new attempt, whose debris sweep never touches
         a bound checkout. Bounded: past max_attempts the slot stays seeding (retained)."""
         if record.attempt >= self._settings.max_attempts:
-            return Answer(
-                HTTPStatus.OK, NotSeeded(reason="seed-failed", step="task-lost", detail=None)
-            )
-        outcome = self._lifecycle.begin_attempt(record, now=self._clock())
+            return NotSeeded(reason="seed-failed", step="task-lost", detail=None)
+        outcome = self._lifecycle.write(
+            transitions.BEGIN_ATTEMPT, record, transitions.At(now=self._clock())
+        )
         if not isinstance(outcome, Written):
-            return Answer(*_answer(record))
+            return outcome_of(record)
         assert outcome.entry is not None
         return self._relaunch(request, outcome.record, outcome.entry.ref)
 
-    def _relaunch(self, request: SeedRequest, record: SlotRecord, op: OpRef) -> Answer:
+    def _relaunch(self, request: SeedRequest, record: SlotRecord, op: OpRef) -> SeedOutcome:
         seed = request.seed
         if seed is not None and self._snapshots.read(seed.resource).archives_for(seed) is None:
             # Rotated out since birth: nothing unrecorded is presigned. The record stays
             # seeding with its launch unsettled, so the slot is retained.
-            return Answer(HTTPStatus.OK, NotSeeded(reason="seed-missing"))
+            return NotSeeded(reason="seed-missing")
         return self._launch(record, op)
 
-    def _launch(self, record: SlotRecord, op: OpRef) -> Answer:
+    def _launch(self, record: SlotRecord, op: OpRef) -> SeedOutcome:
         seed = record.seed
         plan = SlotPlan(
             slot=record.slot,
@@ -228,17 +174,19 @@ class SeedService:
         )
         incarnation = self._runtime().launch(plan)
         for _ in range(_ROUNDS):
-            outcome = self._lifecycle.record_incarnation(
-                record, incarnation=incarnation, launch=op, now=self._clock()
+            outcome = self._lifecycle.write(
+                transitions.RECORD_INCARNATION,
+                record,
+                transitions.Launched(incarnation=incarnation, launch=op, now=self._clock()),
             )
             if isinstance(outcome, Written | Acknowledged):
-                return Answer(*_answer(outcome.record))
+                return outcome_of(outcome.record)
             if isinstance(outcome, Refused):
                 break
             if not isinstance(outcome.current, Supported):
                 break
             record = outcome.current.record  # the task settled or a poll touched: re-decide
-        return Answer(*_answer(record))
+        return outcome_of(record)
 
     def _presign(self, backup_id: str) -> SecretStr:
         """Called only for archives a record names (checked by the birth's transaction or
@@ -247,26 +195,11 @@ class SeedService:
         return SecretStr(self._r2.presign_get(backup_key(backup_id), self._presign_expiry))
 
 
-def _refusal(request: SeedRequest, current: Classified) -> str | None:
-    """Why this caller may not attach to the recorded slot; None when it is the same call."""
-    if not isinstance(current, Supported):
-        return "record-unsupported"
-    record = current.record
-    if record.owner != request.claim:
-        return "claim-mismatch"
-    if record.seed != request.seed:
-        return "seed-mismatch"
-    if record.origin != request.origin:
-        return "origin-mismatch"
-    if record.state in {State.CLOSING, State.RETIRED}:
-        return "slot-closed"
-    return None
-
-
-def _answer(record: SlotRecord) -> tuple[int, BaseModel]:
+def outcome_of(record: SlotRecord) -> Seeded | NotSeeded | Cold | Seeding:
+    """What a seed answers about the record as it now is."""
     result = record.result
     if record.state is State.SEEDED and isinstance(result, SeedSucceeded):
-        return HTTPStatus.OK, Seeded(
+        return Seeded(
             cached=True,
             ref=result.ref,
             sha=result.head,
@@ -277,14 +210,10 @@ def _answer(record: SlotRecord) -> tuple[int, BaseModel]:
             claim=record.owner,
         )
     if record.state is State.SEED_FAILED and isinstance(result, SeedFailed):
-        return HTTPStatus.OK, NotSeeded(
-            reason=result.reason, step=result.step, detail=result.detail
-        )
+        return NotSeeded(reason=result.reason, step=result.step, detail=result.detail)
     if record.state is State.UNSEEDED:
-        return HTTPStatus.OK, Cold(
-            slot=record.slot, attempt=record.attempt, incarnation=record.incarnation
-        )
-    return HTTPStatus.ACCEPTED, Seeding(
+        return Cold(slot=record.slot, attempt=record.attempt, incarnation=record.incarnation)
+    return Seeding(
         slot=record.slot,
         attempt=record.attempt,
         incarnation=record.incarnation,

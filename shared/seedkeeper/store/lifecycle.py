@@ -1,34 +1,32 @@
 """The only code that writes slot lifecycle records.
 
-Each transition is one conditional write. Its condition pins the record as read
-(`rev`) and restates the transition's business rule, so the write happens only if the
-decision made on the read still holds. A failed condition is an answer, not an error:
-it comes back as `Conflict` with the current record (ReturnValuesOnConditionCheckFailure
-= ALL_OLD), and the caller re-decides on it. Nothing here retries blindly.
+Each transition of the table (`seedkeeper.domain.transitions`) is one conditional write,
+derived from its declaration: the condition pins the record as read (`rev`, schema) and
+makes the transition's own checks over the same attributes, so the write happens only if
+the decision made on the read still holds; the update SETs what the effect changed and
+REMOVEs what it dropped. A failed condition is an answer, not an error: it comes back as
+`Conflict` with the current record (ReturnValuesOnConditionCheckFailure = ALL_OLD), and the
+caller re-decides on it. Nothing here retries blindly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
 from boto3.dynamodb.conditions import Attr, ConditionBase
 from boto3.dynamodb.types import TypeDeserializer
 from botocore.exceptions import ClientError
 
-from seedkeeper.domain import transitions
-from seedkeeper.domain.models import Incarnation, Origin, OwnerClaim, SeedIdentity
-from seedkeeper.domain.opwindow import WINDOW_SIZE, Actor, Operation, OpKind, OpRef
+from seedkeeper.domain.models import Binding, OwnerClaim
+from seedkeeper.domain.opwindow import WINDOW_SIZE, Operation
 from seedkeeper.domain.record import (
     LIVE_STATES,
     SCHEMA,
     SWEEP_PARTITION,
-    Checkpoint,
     Classified,
     FailureReason,
-    SeedFailed,
-    SeedSucceeded,
     SlotRecord,
     State,
     Supported,
@@ -36,7 +34,21 @@ from seedkeeper.domain.record import (
     encode,
     slot_key,
 )
-from seedkeeper.domain.transitions import Acknowledged, Change, Refused
+from seedkeeper.domain.refused import Refused
+from seedkeeper.domain.transitions import (
+    ALL_STATES,
+    TOUCH,
+    Acknowledged,
+    Below,
+    Change,
+    Check,
+    Equals,
+    InState,
+    Poll,
+    Transition,
+    born,
+    stored,
+)
 from seedkeeper.errors import translate_client_error
 from seedkeeper.store.items import transaction_condition
 
@@ -44,6 +56,7 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
 
 _deserialize = TypeDeserializer().deserialize
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -83,19 +96,15 @@ class Lifecycle:
     def birth(
         self,
         slot: str,
+        binding: Binding,
         *,
-        owner: OwnerClaim | None,
-        seed: SeedIdentity | None,
-        origin: Origin | None,
         now: int,
         idle_deadline: int,
         requires: Mapping[str, Any] | None = None,
     ) -> Written | Conflict | Unmet:
         """Write the slot's first record, in one transaction with `requires` (a condition
         on another item, such as the seed's snapshot being recorded) when given."""
-        change = transitions.born(
-            slot, owner=owner, seed=seed, origin=origin, now=now, idle_deadline=idle_deadline
-        )
+        change = born(slot, binding, now=now, idle_deadline=idle_deadline)
         first_writer = Attr("PK").not_exists()  # a slot is born once
         put = {
             "TableName": self._table.name,
@@ -109,65 +118,27 @@ class Lifecycle:
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
                 raise translate_client_error(error) from error
-            born, required = [*error.response.get("CancellationReasons", []), {}, {}][:2]
-            if born.get("Code") == "ConditionalCheckFailed":
-                return Conflict(classify(slot, _item(born.get("Item"))))
+            born_item, required = [*error.response.get("CancellationReasons", []), {}, {}][:2]
+            if born_item.get("Code") == "ConditionalCheckFailed":
+                return Conflict(classify(slot, _item(born_item.get("Item"))))
             if required.get("Code") == "ConditionalCheckFailed":
                 return Unmet()
-            if born.get("Code") == "TransactionConflict":
+            if born_item.get("Code") == "TransactionConflict":
                 return Conflict(self.read(slot))  # another birth is being written: re-decide
             raise translate_client_error(error) from error
         return Written(change.record, change.entry)
 
-    def record_incarnation(
-        self, record: SlotRecord, *, incarnation: Incarnation, launch: OpRef, now: int
-    ) -> Outcome:
-        decision = transitions.record_incarnation(
-            record, incarnation=incarnation, launch=launch, now=now
-        )
-        same_attempt = Attr("attempt").eq(record.attempt)  # a newer attempt owns the slot
-        first_incarnation = Attr("incarnation").not_exists()  # the birth container is immutable
-        return self._apply(record, decision, same_attempt & first_incarnation)
-
-    def settle_seed(
-        self,
-        record: SlotRecord,
-        *,
-        attempt: int,
-        restore: OpRef,
-        result: SeedSucceeded | SeedFailed,
-        now: int,
-    ) -> Outcome:
-        decision = transitions.settle_seed(
-            record, attempt=attempt, restore=restore, result=result, now=now
-        )
-        own_attempt = Attr("attempt").eq(attempt)  # only the live attempt settles
-        still_seeding = Attr("state").eq(State.SEEDING.value)  # the first verdict stands
-        return self._apply(record, decision, own_attempt & still_seeding)
-
-    def begin_attempt(self, record: SlotRecord, *, now: int) -> Outcome:
-        decision = transitions.begin_attempt(record, now=now)
-        same_attempt = Attr("attempt").eq(record.attempt)  # one new attempt per lost one
-        still_seeding = Attr("state").eq(State.SEEDING.value)  # a late verdict wins
-        return self._apply(record, decision, same_attempt & still_seeding)
-
     def touch(
-        self,
-        slot: str,
-        *,
-        owner: OwnerClaim | None,
-        seed: SeedIdentity | None,
-        origin: Origin | None,
-        now: int,
-        idle_deadline: int,
+        self, slot: str, binding: Binding, *, now: int, idle_deadline: int
     ) -> Written | Conflict:
-        """Extend the idle deadline for the slot's own owner, seed and origin: one
-        UpdateItem and no read, so a poll costs one call. The new record is returned.
+        """`TOUCH` without a read: extend the idle deadline for the slot's own binding in
+        one UpdateItem, so a poll costs one call. The new record is returned.
 
         No `rev` is read first, so the condition itself must keep the touch off any record
-        it may not write (unsupported, malformed, finished, another's): it pins the identity
-        and checks every attribute the record codec knows, as far as a condition can see it
-        (`_touchable`). What a condition cannot see, and why touching it anyway is safe:
+        it may not write (unsupported, malformed, finished, another's): it makes TOUCH's
+        checks (the binding, the live states) and checks every attribute the record codec
+        knows, as far as a condition can see it (`_touchable`). What a condition cannot
+        see, and why touching it anyway is safe:
 
         - An attribute the codec does not know (a newer deployment's, or planted): a
           condition names the attributes it tests and cannot ask "nothing else". The touch
@@ -189,9 +160,7 @@ class Lifecycle:
         owns. The identity (owner, seed, origin) and the state are pinned exactly, so a
         touch never writes another caller's record, malformed or not.
         """
-        same_owner = _equals("owner", owner)  # the claim is immutable once bound
-        same_seed = _equals("seed", seed)
-        same_origin = _equals("origin", origin)
+        poll = Poll(binding, now=now, idle_deadline=idle_deadline)
         try:
             response = self._table.update_item(
                 Key=slot_key(slot),
@@ -202,10 +171,8 @@ class Lifecycle:
                     "#rev": "rev",
                 },
                 ExpressionAttributeValues={":deadline": idle_deadline, ":now": now, ":one": 1},
-                ConditionExpression=_touchable(seeded=seed is not None)
-                & same_owner
-                & same_seed
-                & same_origin,
+                ConditionExpression=_checks(TOUCH, poll)
+                & _touchable(seeded=binding.seed is not None),
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
@@ -216,68 +183,25 @@ class Lifecycle:
             return Conflict(touched)
         return Written(touched.record)
 
-    def fence(self, record: SlotRecord, *, now: int) -> Outcome:
-        decision = transitions.fence(record, now=now)
-        # The business rule itself, so a touch or a seed in the same tick makes it fail:
-        positively_unseeded = Attr("state").eq(State.UNSEEDED.value)
-        still_idle = Attr("idle_deadline").lt(now)
-        nothing_in_flight = Attr("open_ops").eq(0)
-        return self._apply(record, decision, positively_unseeded & still_idle & nothing_in_flight)
-
-    def retire(self, record: SlotRecord, *, stop: OpRef, now: int, expires_at: int) -> Outcome:
-        decision = transitions.retire(record, stop=stop, now=now, expires_at=expires_at)
-        fenced = Attr("state").eq(State.CLOSING.value)  # only through the fence
-        return self._apply(record, decision, fenced)
-
-    def record_checkpoint(
-        self, record: SlotRecord, *, checkpoint: Checkpoint, upload: OpRef, now: int
-    ) -> Outcome:
-        decision = transitions.record_checkpoint(
-            record, checkpoint=checkpoint, upload=upload, now=now
-        )
-        same_incarnation = Attr("incarnation").eq(checkpoint.incarnation)
-        same_owner = _equals("owner", checkpoint.owner)
-        return self._apply(record, decision, same_incarnation & same_owner)
-
-    def note_retained(self, record: SlotRecord, *, reason: str, now: int) -> Outcome:
-        decision = transitions.note_retained(record, reason=reason, now=now)
-        return self._apply(record, decision, None)
-
-    def reserve(self, record: SlotRecord, *, kind: OpKind, actor: Actor, now: int) -> Outcome:
-        decision = transitions.reserve(record, kind=kind, actor=actor, now=now)
-        not_retired = Attr("state").ne(State.RETIRED.value)
-        return self._apply(record, decision, not_retired)
-
-    def settle(self, record: SlotRecord, *, ref: OpRef, outcome: str, now: int) -> Outcome:
-        decision = transitions.settle(record, ref=ref, outcome=outcome, now=now)
-        return self._apply(record, decision, None)
-
-    def _apply(
-        self,
-        read: SlotRecord,
-        decision: transitions.Decision,
-        rule: ConditionBase | None,
-    ) -> Outcome:
-        """Write a `Change` as one UpdateItem: SET what changed, REMOVE what is gone."""
+    def write(self, transition: Transition[P], record: SlotRecord, params: P) -> Outcome:
+        """Decide `transition` on `record` as read and write a `Change` as one UpdateItem,
+        conditional on the record being as read and on the transition's own checks."""
+        decision = transition.decide(record, params)
         if not isinstance(decision, Change):
             return decision
-        unchanged_since_read = Attr("rev").eq(read.rev)
-        supported = Attr("schema").eq(SCHEMA)
-        condition = unchanged_since_read & supported
-        if rule is not None:
-            condition = condition & rule
-        expression, names, values = _update_expression(encode(read), encode(decision.record))
+        unchanged_since_read = Attr("rev").eq(record.rev) & Attr("schema").eq(SCHEMA)
+        expression, names, values = _update_expression(encode(record), encode(decision.record))
         try:
             self._table.update_item(
-                Key=slot_key(read.slot),
+                Key=slot_key(record.slot),
                 UpdateExpression=expression,
                 ExpressionAttributeNames=names,
                 ExpressionAttributeValues=values,
-                ConditionExpression=condition,
+                ConditionExpression=unchanged_since_read & _checks(transition, params),
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as error:
-            return self._conflict(read.slot, error)
+            return self._conflict(record.slot, error)
         return Written(decision.record, decision.entry)
 
     @staticmethod
@@ -285,6 +209,27 @@ class Lifecycle:
         if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
             raise translate_client_error(error) from error
         return Conflict(classify(slot, _item(error.response.get("Item"))))
+
+
+def _checks(transition: Transition[P], params: P) -> ConditionBase:
+    """A transition's checks as one condition: the same tests `Transition.decide` makes."""
+    conditions = [_condition(check, params) for check in transition.checks]
+    combined = conditions[0]
+    for condition in conditions[1:]:
+        combined = combined & condition
+    return combined
+
+
+def _condition(check: Check, params: Any) -> ConditionBase:
+    if isinstance(check, InState):
+        if check.states == ALL_STATES:
+            return Attr("state").exists()
+        return Attr("state").is_in(sorted(state.value for state in check.states))
+    if isinstance(check, Equals):
+        value = stored(check.value(params))
+        return _absent(check.attribute) if value is None else Attr(check.attribute).eq(value)
+    assert isinstance(check, Below)
+    return Attr(check.attribute).lt(check.value(params))
 
 
 def _item(returned: object) -> dict[str, Any] | None:
@@ -310,14 +255,6 @@ def _update_expression(
             "REMOVE " + ", ".join(f"#a{index}" for index in range(first, first + len(removed)))
         )
     return " ".join(clauses), names, values
-
-
-def _equals(name: str, value: OwnerClaim | SeedIdentity | str | None) -> ConditionBase:
-    if value is None:
-        return _absent(name)
-    if isinstance(value, str):
-        return Attr(name).eq(value)
-    return Attr(name).eq(value.model_dump(mode="json", exclude_none=True))
 
 
 # What the codec requires of a live record (record.py), as a condition can see it. Sizes

@@ -1,0 +1,115 @@
+"""What the services answer: the outcome models each service returns, or a `Refused`
+(`seedkeeper.domain.refused`). Pure data; the API's answer table (`seedkeeper.api.answers`)
+gives each outcome and each refusal its HTTP status."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from seedkeeper.domain.models import Model, OwnerClaim
+from seedkeeper.domain.refused import Refused
+from seedkeeper.domain.snapshots import DepsEntry, SeedHandle, Snapshot
+
+# -- POST /seed ---------------------------------------------------------------------------
+
+
+class Seeding(Model):
+    state: Literal["seeding"] = "seeding"
+    slot: str
+    attempt: int
+    incarnation: str | None
+    claim: OwnerClaim | None
+
+
+class Seeded(Model):
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+    seeded: Literal[True] = True
+    cached: bool
+    ref: str
+    sha: str
+    from_: str = Field(alias="from")
+    steps: dict[str, int]
+    ms: int
+    incarnation: str | None
+    claim: OwnerClaim | None
+
+
+class NotSeeded(Model):
+    seeded: Literal[False] = False
+    reason: str
+    step: str | None = None
+    detail: str | None = None
+
+
+class Cold(Model):
+    state: Literal["unseeded"] = "unseeded"
+    seeded: Literal[False] = False
+    slot: str
+    attempt: int
+    incarnation: str | None
+
+
+SeedOutcome = Seeded | NotSeeded | Cold | Seeding | Refused
+
+
+# -- POST /receipt, POST /slot-evidence ----------------------------------------------------
+
+CheckpointState = Literal["present", "lost", "unknown"]
+
+
+class Receipt(Model):
+    slot: str
+    checkpoint: CheckpointState
+    why: str | None = None  # for "unknown": what made it uncertain
+    size: int | None = None
+    created_at: int | None = None
+    expires_at: int | None = None
+
+
+class Evidence(Model):
+    slot: str
+    incarnation: str | None  # the birth container
+    state: str
+    checkpoint: CheckpointState
+    # Never a stop permit: the checkout's current bytes, exclusive ownership and detached
+    # writers' quiescence are not proven by any of these facts.
+    disposition: Literal["retained", "retired"]
+
+
+# -- /snapshots ---------------------------------------------------------------------------
+
+
+class Payment(Model):
+    """What one attempt to pay the ledger did."""
+
+    deleted: tuple[str, ...] = ()
+    pending: tuple[str, ...] = ()
+    # Owed by an entry written before ownership was recorded, but not this resource's object:
+    # the entry is cleared and the object left alone (R2's lifecycle rule is its backstop).
+    spared: tuple[str, ...] = ()
+
+
+class Recorded(Model):
+    resource: str
+    rotated: bool
+    current: Snapshot
+    retired: Snapshot | None
+    payment: Payment
+
+
+class ObjectCounts(Model):
+    recorded: int
+    present: int | None  # None when R2 is not configured or did not answer
+
+
+class SnapshotStatus(Model):
+    resource: str
+    current: Snapshot | None
+    retired: Snapshot | None
+    seed_handle: SeedHandle | None
+    deps: tuple[DepsEntry, ...]
+    pending_deletions: tuple[str, ...]
+    objects: ObjectCounts
