@@ -358,7 +358,7 @@ def test_touch_by_anyone_else_loses_and_changes_nothing(
     record = seeded(lifecycle)
     item = stored(table)
     identity: dict[str, Any] = {"owner": owner(), "seed": seed(), "origin": ORIGIN} | caller
-    outcome = lifecycle.touch(SLOT, **identity, now=NOW + 5, idle_deadline=NOW + 5 + IDLE)
+    outcome = lifecycle.touch(SLOT, Binding(**identity), now=NOW + 5, idle_deadline=NOW + 5 + IDLE)
     assert outcome == Conflict(Supported(record))
     assert stored(table) == item
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 
@@ -277,3 +279,43 @@ def test_every_change_grows_rev_by_one_and_never_moves_updated_at_back() -> None
     ).record
     assert later.rev == record.rev + 1
     assert later.updated_at == record.updated_at
+
+
+# -- the table -----------------------------------------------------------------------------
+
+
+def test_the_readme_state_diagram_is_drawn_from_the_table() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    diagrams = re.findall(r"```mermaid\n(stateDiagram-v2\n.*?)\n```", readme, re.DOTALL)
+    assert diagrams == [transitions.mermaid()], "redraw it: transitions.mermaid()"
+
+
+def test_every_transition_leaves_named_states_and_is_named_once() -> None:
+    names = [transition.name for transition in transitions.TRANSITIONS]
+    assert len(names) == len(set(names))
+    for transition in transitions.TRANSITIONS:
+        assert transition.source, transition.name
+        assert transition.to <= set(State), transition.name
+
+
+def test_a_transition_with_two_state_checks_is_refused_at_declaration() -> None:
+    with pytest.raises(ValueError, match="exactly one InState"):
+        transitions.Transition[transitions.At](
+            "twice",
+            checks=(
+                transitions.InState(frozenset({State.SEEDED})),
+                transitions.InState(frozenset({State.SEEDING})),
+            ),
+            effect=lambda record, at: Refused("never"),
+        )
+
+
+def test_the_checks_are_made_in_their_declared_order() -> None:
+    """The fence asks idleness before the state (the sweep leaves a fresh slot alone
+    whatever its state), and a poll asks the binding before the state (a stranger learns
+    nothing of a closed slot)."""
+    seeded = record_in(State.SEEDED)
+    fresh = transitions.FENCE.decide(seeded, transitions.At(now=NOW))
+    assert fresh == Refused("not-idle")
+    stranger = transitions.Poll(Binding(owner=owner()), now=NOW, idle_deadline=NOW + IDLE)
+    assert transitions.TOUCH.decide(record_in(State.CLOSING), stranger) == Refused("claim-mismatch")

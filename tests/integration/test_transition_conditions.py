@@ -1,0 +1,118 @@
+"""Each transition's checks mean the same in both places they are made: decided on the
+record as read (`holds`, what `Transition.decide` asks) and as the DynamoDB condition the
+store derives from them (`store.lifecycle._checks`), evaluated by moto on the stored item.
+Every transition, against a record in every state, with params that pass and that fail."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from boto3.dynamodb.conditions import ConditionBase
+from botocore.exceptions import ClientError
+from mypy_boto3_dynamodb.service_resource import Table
+
+from builders import EXPIRED, IDLE, INCARNATION, NOW, checkpoint, owner, record_in, success
+from seedkeeper.domain import transitions
+from seedkeeper.domain.models import Binding
+from seedkeeper.domain.opwindow import Actor, OpKind, OpRef
+from seedkeeper.domain.record import SlotRecord, State, encode, slot_key
+from seedkeeper.store.lifecycle import _checks
+
+
+def launch(record: SlotRecord, generation: int) -> OpRef:
+    return OpRef(ordinal=1, actor=Actor.SEED_FN, generation=generation)
+
+
+# Per transition: params built from the record (the slot's own, or a stranger's/a late one).
+PARAMS: dict[str, list[Callable[[SlotRecord], Any]]] = {
+    "touch": [
+        lambda r: transitions.Poll(r.binding, now=NOW, idle_deadline=NOW + IDLE),
+        lambda r: transitions.Poll(Binding(), now=NOW, idle_deadline=NOW + IDLE),
+        lambda r: transitions.Poll(
+            r.binding.model_copy(update={"owner": owner(run="run-2")}),
+            now=NOW,
+            idle_deadline=NOW + IDLE,
+        ),
+    ],
+    "record_incarnation": [
+        lambda r: transitions.Launched(INCARNATION, launch(r, r.attempt), now=NOW),
+        lambda r: transitions.Launched(INCARNATION, launch(r, r.attempt + 1), now=NOW),
+    ],
+    "settle_seed": [
+        lambda r: transitions.Verdict(
+            r.attempt,
+            OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=r.attempt),
+            success(),
+            now=NOW,
+        ),
+        lambda r: transitions.Verdict(
+            r.attempt + 1,
+            OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=r.attempt + 1),
+            success(),
+            now=NOW,
+        ),
+    ],
+    "begin_attempt": [lambda r: transitions.At(NOW)],
+    "fence": [
+        lambda r: transitions.At(NOW),
+        lambda r: transitions.At(r.idle_deadline),  # the boundary: not yet idle
+        lambda r: transitions.At(r.idle_deadline + 1),
+        lambda r: transitions.At(EXPIRED),
+    ],
+    "retire": [lambda r: transitions.Stopped(launch(r, 1), now=NOW, expires_at=EXPIRED)],
+    "record_checkpoint": [
+        lambda r: transitions.Uploaded(
+            checkpoint(owner=r.owner, incarnation=r.incarnation or INCARNATION),
+            launch(r, 1),
+            now=NOW,
+        ),
+        lambda r: transitions.Uploaded(checkpoint(owner=owner(run="run-2")), launch(r, 1), NOW),
+    ],
+    "note_retained": [lambda r: transitions.Retained("seeded", now=NOW)],
+    "reserve": [lambda r: transitions.Reservation(OpKind.CHECKPOINT, Actor.SLOT_TASK, NOW)],
+    "settle": [lambda r: transitions.Settlement(launch(r, 1), "launched", NOW)],
+}
+
+
+def test_every_transition_is_exercised() -> None:
+    assert set(PARAMS) == {transition.name for transition in transitions.TRANSITIONS}
+
+
+CASES = [
+    pytest.param(transition, state, make, id=f"{transition.name}-{state}-{index}")
+    for transition in transitions.TRANSITIONS
+    for state in State
+    for index, make in enumerate(PARAMS[transition.name])
+]
+
+
+@pytest.mark.parametrize(("transition", "state", "make"), CASES)
+def test_the_condition_holds_exactly_when_the_checks_do(
+    table: Table,
+    transition: transitions.Transition[Any],
+    state: State,
+    make: Callable[[SlotRecord], Any],
+) -> None:
+    record = record_in(state)
+    params = make(record)
+    item = encode(record)
+    table.put_item(Item=item)
+    decided = all(transitions.holds(c, record, item, params) for c in transition.checks)
+    assert condition_holds(table, record, _checks(transition, params)) is decided
+
+
+def condition_holds(table: Table, record: SlotRecord, condition: ConditionBase) -> bool:
+    try:
+        table.update_item(
+            Key=slot_key(record.slot),
+            UpdateExpression="SET #rev = #rev",  # writes nothing new: only the condition
+            ExpressionAttributeNames={"#rev": "rev"},
+            ConditionExpression=condition,
+        )
+    except ClientError as error:
+        if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+            raise
+        return False
+    return True

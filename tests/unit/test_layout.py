@@ -1,0 +1,37 @@
+"""The Lambda layer (template.yaml's ContentUri `shared/`) holds exactly what the functions
+import: every module of it is reached from some handler, and nothing a handler reaches
+lies outside it, except the local runtime that configuration chooses off Lambda."""
+
+from __future__ import annotations
+
+import sysconfig
+from modulefinder import ModuleFinder
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYER = ROOT / "shared"
+HANDLERS = sorted((ROOT / "functions").glob("*/app.py"))
+# What the finder cannot resolve in the layer alone: the local runtime, which
+# `runtime_from` imports only when SEEDKEEPER_RUNTIME=local (the local stack), and a name
+# imported from a package (`from seedkeeper import __version__`), which is not a module.
+UNRESOLVED = {"seedkeeper_tools.local.runtime", "seedkeeper.__version__"}
+
+
+def ours(name: str) -> bool:
+    return name.split(".", maxsplit=1)[0] in {"seedkeeper", "seedkeeper_task", "seedkeeper_tools"}
+
+
+def test_the_layer_is_exactly_what_the_functions_import() -> None:
+    # The layer and the standard library only: third-party imports are not followed.
+    finder = ModuleFinder(path=[str(LAYER), sysconfig.get_paths()["stdlib"]])
+    for handler in HANDLERS:
+        finder.run_script(str(handler))
+    reached = {name for name in finder.modules if ours(name)}
+    shipped = {
+        ".".join(path.relative_to(LAYER).with_suffix("").parts).removesuffix(".__init__")
+        for path in (LAYER / "seedkeeper").rglob("*.py")
+    }
+    assert len(HANDLERS) == 5
+    assert shipped - reached == set(), "shipped in the layer, imported by no function"
+    assert reached - shipped == set()
+    assert {name for name in finder.badmodules if ours(name)} == UNRESOLVED
