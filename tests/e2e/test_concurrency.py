@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from botocore.credentials import Credentials
@@ -86,7 +86,7 @@ def test_fifty_owners_race_for_one_slot_and_exactly_one_is_bound(
     refusals = [answer for answer in answers if isinstance(answer, SeedkeeperRefused)]
     assert len(refusals) == CALLERS - 1
     assert {(r.status, r.reason) for r in refusals} == {(409, "claim-mismatch")}
-    refused = {"error": "claim-mismatch", "detail": None, "fields": []}
+    refused: dict[str, Any] = {"error": "claim-mismatch", "detail": None, "fields": []}
     assert all(r.body == refused for r in refusals)  # nothing disclosed
     record = StoreSettings().lifecycle().read("contested")
     assert isinstance(record, Supported)

@@ -112,7 +112,9 @@ def checkpointed(stack: Stack) -> Checkpointed:
     assert facts is not None
     checkpoint = new_checkpoint(
         IdleSettings(),
-        uploaded=facts,
+        key=facts.key,
+        size=facts.size,
+        etag=facts.etag,
         sha256=hashlib.sha256(body).hexdigest(),
         owner=record.owner,
         incarnation=REQUEST["incarnation"],

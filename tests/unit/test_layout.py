@@ -4,6 +4,8 @@ lies outside it, except the local runtime that configuration chooses off Lambda.
 
 from __future__ import annotations
 
+import ast
+import sys
 import sysconfig
 from modulefinder import ModuleFinder
 from pathlib import Path
@@ -35,3 +37,21 @@ def test_the_layer_is_exactly_what_the_functions_import() -> None:
     assert shipped - reached == set(), "shipped in the layer, imported by no function"
     assert reached - shipped == set()
     assert {name for name in finder.badmodules if ours(name)} == UNRESOLVED
+
+
+def test_the_domain_is_pure() -> None:
+    """Decisions and values import the standard library, pydantic and each other: no
+    store, no adapter, no AWS SDK, so nothing in them can do I/O."""
+    allowed = {"pydantic", "pydantic_settings"} | set(sys.stdlib_module_names)
+    for path in (LAYER / "seedkeeper" / "domain").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                assert name.startswith("seedkeeper.domain") or name.split(".")[0] in allowed, (
+                    f"{path.name} imports {name}"
+                )

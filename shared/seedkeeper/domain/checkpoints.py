@@ -8,7 +8,6 @@ from typing import Annotated
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from seedkeeper.adapters.r2 import ObjectFacts
 from seedkeeper.domain.models import OwnerClaim
 from seedkeeper.domain.record import Checkpoint
 
@@ -26,18 +25,21 @@ class IdleSettings(BaseSettings):
 def new_checkpoint(
     settings: IdleSettings,
     *,
-    uploaded: ObjectFacts,
+    key: str,
+    size: int,
+    etag: str,
     sha256: str,
     owner: OwnerClaim | None,
     incarnation: str,
     now: int,
 ) -> Checkpoint:
-    """The record of an upload R2 confirmed. It expires only after the longest idle window
-    plus the grace period, so no idle deadline can outlive it."""
+    """The record of an upload R2 confirmed (key, size and ETag as R2 answered). It
+    expires only after the longest idle window plus the grace period, so no idle deadline
+    can outlive it."""
     return Checkpoint(
-        key=uploaded.key,
-        size=uploaded.size,
-        etag=uploaded.etag,
+        key=key,
+        size=size,
+        etag=etag,
         sha256=sha256,
         created_at=now,
         expires_at=now + settings.idle_window + settings.checkpoint_grace,

@@ -3,8 +3,10 @@ identity and the origin. Strict: no coercion, unknown fields refused, immutable.
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Annotated
+from decimal import Decimal
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
@@ -16,6 +18,21 @@ class Model(BaseModel):
     """Base of every Seedkeeper model: strict types, no unknown fields, immutable."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_item(model: type[M], fields: dict[str, Any]) -> M:
+    """Validate as JSON in strict mode: a number is never taken from a string, nor an
+    integer from a fraction (DynamoDB hands every number back as a Decimal)."""
+    return model.model_validate_json(json.dumps(fields, default=_json_number))
+
+
+def _json_number(value: object) -> int | float:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    raise TypeError(f"{type(value).__name__} is not an item value")
 
 
 # One shape for every name that becomes part of a key, an object name or a folder:

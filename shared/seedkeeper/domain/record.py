@@ -25,9 +25,9 @@ from seedkeeper.domain.models import (
     OwnerClaim,
     SeedIdentity,
     SlotId,
+    validate_item,
 )
 from seedkeeper.domain.opwindow import Window
-from seedkeeper.store.items import validate_item
 
 SCHEMA = 1
 LIFECYCLE_SK = "LIFECYCLE"

@@ -17,7 +17,7 @@ from boto3.dynamodb.conditions import Attr, ConditionBase, Key
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ValidationError
 
-from seedkeeper.domain.models import BackupId, Model, SeedIdentity
+from seedkeeper.domain.models import BackupId, Model, SeedIdentity, validate_item
 from seedkeeper.domain.snapshots import (
     DepsEntry,
     PendingDeletion,
@@ -27,7 +27,7 @@ from seedkeeper.domain.snapshots import (
     Teardown,
 )
 from seedkeeper.errors import MalformedRecord, translate_client_error
-from seedkeeper.store.items import transaction_condition, validate_item
+from seedkeeper.store.items import transaction_condition
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
