@@ -1,15 +1,21 @@
 """Validated configuration, read from the environment when asked for, never at import;
-and the adapters it chooses, built once per distinct configuration."""
+and the adapters it chooses, built once per distinct configuration and boto3 session.
+
+Every AWS client comes from `seedkeeper.adapters.aws`, built from the process's session
+(`aws.session()`). A test that means to observe or fault AWS calls gives the process a
+session of its own with `aws.use_session`, its event handlers registered first: what is
+built here is cached per session too, so the next call builds anew from that session.
+"""
 
 from __future__ import annotations
 
 from functools import cache, partial
 from typing import TYPE_CHECKING
 
-import boto3
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from seedkeeper.adapters import aws
 from seedkeeper.adapters.clock import epoch_seconds
 from seedkeeper.adapters.r2 import R2, R2Settings, transfer_mode
 from seedkeeper.adapters.runtime import RuntimeSettings, runtime_from
@@ -18,6 +24,7 @@ from seedkeeper.store.lifecycle import Lifecycle
 # Each factory imports the service it builds when it is called: a function imports only
 # the one it serves, which keeps every handler's cold start short.
 if TYPE_CHECKING:
+    from boto3.session import Session
     from mypy_boto3_dynamodb.service_resource import Table
 
     from seedkeeper.services.receipts import Witness
@@ -34,43 +41,69 @@ class StoreSettings(BaseSettings):
     table: str = Field(min_length=3, max_length=255, pattern=r"^[A-Za-z0-9_.-]+$")
     dynamodb_endpoint: str | None = None  # a local stand-in (moto); None means AWS
 
-    def table_resource(self) -> Table:
-        dynamodb = boto3.resource("dynamodb", endpoint_url=self.dynamodb_endpoint)
-        return dynamodb.Table(self.table)
+    def table_resource(
+        self, session: Session | None = None, *, budget: aws.Budget = aws.DYNAMODB
+    ) -> Table:
+        """The table, from `session` (None: the process's), within a function's budget
+        unless told another (the slot task's)."""
+        return aws.dynamodb_table(
+            session or aws.session(), self.table, self.dynamodb_endpoint, budget=budget
+        )
 
     def lifecycle(self) -> Lifecycle:
         return Lifecycle(self.table_resource())
 
 
-def r2_if_configured(settings: R2Settings) -> R2 | None:
+def r2_if_configured(settings: R2Settings, session: Session | None = None) -> R2 | None:
     """R2 when presigning is configured; otherwise None, and callers say what is missing."""
-    return R2.from_settings(settings) if transfer_mode(settings).mode == "presigned" else None
+    if transfer_mode(settings).mode != "presigned":
+        return None
+    return R2.from_settings(settings, session)
+
+
+# Each builder below is cached per settings and session: the public one names the
+# process's session, so a replaced session builds anew. (A slot runtime, built lazily by
+# `runtime_from(settings)`, takes the process's session when it is built.)
+
+
+def snapshots(store: StoreSettings, r2: R2Settings) -> Snapshots:
+    return _snapshots(store, r2, aws.session())
 
 
 @cache
-def snapshots(store: StoreSettings, r2: R2Settings) -> Snapshots:
+def _snapshots(store: StoreSettings, r2: R2Settings, session: Session) -> Snapshots:
     from seedkeeper.services.rotation import Snapshots
     from seedkeeper.store.snapshots import SnapshotStore
 
-    return Snapshots(SnapshotStore(store.table_resource()), r2_if_configured(r2))
+    return Snapshots(SnapshotStore(store.table_resource(session)), r2_if_configured(r2, session))
 
 
 def snapshots_from_env() -> Snapshots:
     return snapshots(StoreSettings(), R2Settings())
 
 
-@cache
 def seed_service(
     store: StoreSettings, r2: R2Settings, runtime: RuntimeSettings, seed: SeedSettings
+) -> SeedService:
+    return _seed_service(store, r2, runtime, seed, aws.session())
+
+
+@cache
+def _seed_service(
+    store: StoreSettings,
+    r2: R2Settings,
+    runtime: RuntimeSettings,
+    seed: SeedSettings,
+    session: Session,
 ) -> SeedService:
     from seedkeeper.services.seed import SeedService
     from seedkeeper.store.snapshots import SnapshotStore
 
-    table = store.table_resource()
+    table = store.table_resource(session)
     return SeedService(
         lifecycle=Lifecycle(table),
         snapshots=SnapshotStore(table),
-        r2=r2_if_configured(r2),
+        r2=r2_if_configured(r2, session),
         runtime=cache(partial(runtime_from, runtime)),  # built when a task is first touched
         settings=seed,
         presign_expiry=r2.presign_expiry,
@@ -84,30 +117,46 @@ def seed_service_from_env() -> SeedService:
     return seed_service(StoreSettings(), R2Settings(), RuntimeSettings(), SeedSettings())
 
 
-@cache
 def witness(store: StoreSettings, r2: R2Settings) -> Witness:
+    return _witness(store, r2, aws.session())
+
+
+@cache
+def _witness(store: StoreSettings, r2: R2Settings, session: Session) -> Witness:
     from seedkeeper.services.receipts import Witness
 
-    return Witness(store.lifecycle(), r2_if_configured(r2), epoch_seconds)
+    return Witness(
+        Lifecycle(store.table_resource(session)), r2_if_configured(r2, session), epoch_seconds
+    )
 
 
 def witness_from_env() -> Witness:
     return witness(StoreSettings(), R2Settings())
 
 
-@cache
 def sweeper(
     store: StoreSettings, r2: R2Settings, runtime: RuntimeSettings, sweep: SweepSettings
+) -> Sweeper:
+    return _sweeper(store, r2, runtime, sweep, aws.session())
+
+
+@cache
+def _sweeper(
+    store: StoreSettings,
+    r2: R2Settings,
+    runtime: RuntimeSettings,
+    sweep: SweepSettings,
+    session: Session,
 ) -> Sweeper:
     from seedkeeper.services.sweep import Sweeper
     from seedkeeper.store.sweep_index import SweepIndex
 
-    table = store.table_resource()
+    table = store.table_resource(session)
     return Sweeper(
         index=SweepIndex(table),
         lifecycle=Lifecycle(table),
         runtime=cache(partial(runtime_from, runtime)),  # built when a slot may be stopped
-        snapshots=snapshots(store, r2),
+        snapshots=_snapshots(store, r2, session),
         settings=sweep,
         clock=epoch_seconds,
     )

@@ -28,6 +28,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from seedkeeper.adapters import aws
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Model, Origin, OwnerClaim, SeedIdentity
@@ -402,6 +403,13 @@ class SlotTask:
             relay.join(timeout=2)
 
 
+def task_store() -> tuple[Lifecycle, SnapshotStore]:
+    """The slot task's view of the table, with a stopping task's patience (its budget in
+    seedkeeper.adapters.aws fits a settle into the task's StopTimeout)."""
+    table = StoreSettings().table_resource(budget=aws.SLOT_TASK_DYNAMODB)
+    return Lifecycle(table), SnapshotStore(table)
+
+
 def main() -> int:
     # First: the environment this process started with (plan, credentials) stays in its
     # memory, and the sandbox must not read it through /proc.
@@ -416,8 +424,7 @@ def main() -> int:
         # The slot user is this slot's alone: nothing an earlier attempt's sandbox left may
         # run while the supervisor, as root, works in the tree that user owns.
         end_user_processes(user.uid)
-    table = StoreSettings().table_resource()
-    task = SlotTask(plan, settings, Lifecycle(table), SnapshotStore(table), stop)
+    task = SlotTask(plan, settings, *task_store(), stop)
     logger.append_keys(slot=plan.slot, attempt=plan.attempt, incarnation=settings.incarnation)
     logger.info("task started", seeded=plan.seed is not None)
     if plan.seed is not None and task.restore() == "superseded":

@@ -68,9 +68,11 @@ def test_the_fence_never_stops_a_seeded_or_touched_slot(stack: Stack) -> None:
         def touch(record: SlotRecord = read) -> Any:
             return lifecycle.touch(
                 record.slot,
-                Binding(owner=record.owner, seed=record.seed, origin=record.origin),
-                now=SWEEP_AT,
-                idle_deadline=SWEEP_AT + IDLE,
+                transitions.Poll(
+                    Binding(owner=record.owner, seed=record.seed, origin=record.origin),
+                    now=SWEEP_AT,
+                    idle_deadline=SWEEP_AT + IDLE,
+                ),
             )
 
         fence_outcome, touch_outcome = race(jittered(rng, fence), jittered(rng, touch))

@@ -7,17 +7,16 @@ import json
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
 
 from functions import event, invoke
 from repos import make_repository
-from seedkeeper.config import seed_service_from_env
 from seedkeeper.domain.models import Binding, SeedIdentity
 from seedkeeper.domain.opwindow import OpRef
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import Absent, slot_key
 from seedkeeper.domain.sweep import TaskStatus
 from seedkeeper.store.lifecycle import Written
+from sessions import Answer, answer_calls, answered, injected_session
 from slots import Slots, seed_function
 
 
@@ -98,18 +97,18 @@ def test_a_throttled_store_is_a_retryable_503_with_nothing_written(
 ) -> None:
     seed = slots.publish(make_repository(tmp_path))
     body = slots.body(seed, slot="throttled")
-    client = seed_service_from_env()._lifecycle._table.meta.client
+    status_code = 500 if error["Error"]["Code"] == "InternalServerError" else 400
+    births: list[str] = []
 
-    def throttle(**_: Any) -> None:
-        raise ClientError(error, "TransactWriteItems")  # type: ignore[arg-type]
+    def throttled(**_: Any) -> Answer:
+        """DynamoDB's answer to the birth's transaction, given without sending it."""
+        births.append("TransactWriteItems")
+        return answered(error, status_code)
 
-    client.meta.events.register("before-parameter-build.dynamodb.TransactWriteItems", throttle)
-    try:
+    with injected_session() as session:
+        answer_calls(session, "before-call.dynamodb.TransactWriteItems", throttled)
         status, answer = invoke(seed_function, event("seed-new", body=body))
-    finally:
-        client.meta.events.unregister(
-            "before-parameter-build.dynamodb.TransactWriteItems", throttle
-        )
+    assert births == ["TransactWriteItems"]
     assert (status, answer["error"]) == (503, "retry-later")
     assert slots.stack.store.lifecycle().read("throttled") == Absent("throttled")
     assert slots.attempts("throttled") == []

@@ -330,9 +330,11 @@ def test_touch_extends_the_deadline_for_the_exact_owner_in_one_call(
     record = seeded(lifecycle)
     touched = lifecycle.touch(
         SLOT,
-        Binding(owner=owner(), seed=seed(), origin=ORIGIN),
-        now=NOW + 5,
-        idle_deadline=NOW + 5 + IDLE,
+        transitions.Poll(
+            Binding(owner=owner(), seed=seed(), origin=ORIGIN),
+            now=NOW + 5,
+            idle_deadline=NOW + 5 + IDLE,
+        ),
     )
     after = written(touched)
     assert after.idle_deadline == NOW + 5 + IDLE
@@ -358,7 +360,9 @@ def test_touch_by_anyone_else_loses_and_changes_nothing(
     record = seeded(lifecycle)
     item = stored(table)
     identity: dict[str, Any] = {"owner": owner(), "seed": seed(), "origin": ORIGIN} | caller
-    outcome = lifecycle.touch(SLOT, Binding(**identity), now=NOW + 5, idle_deadline=NOW + 5 + IDLE)
+    outcome = lifecycle.touch(
+        SLOT, transitions.Poll(Binding(**identity), now=NOW + 5, idle_deadline=NOW + 5 + IDLE)
+    )
     assert outcome == Conflict(Supported(record))
     assert stored(table) == item
 
@@ -367,9 +371,9 @@ def test_an_unclaimed_caller_touches_an_unclaimed_record(lifecycle: Lifecycle) -
     born_seeding(lifecycle, claim=False)
     outcome = lifecycle.touch(
         SLOT,
-        Binding(owner=None, seed=seed(), origin=None),
-        now=NOW + 1,
-        idle_deadline=NOW + 1 + IDLE,
+        transitions.Poll(
+            Binding(owner=None, seed=seed(), origin=None), now=NOW + 1, idle_deadline=NOW + 1 + IDLE
+        ),
     )
     assert written(outcome).idle_deadline == NOW + 1 + IDLE
 
@@ -393,9 +397,11 @@ def test_touch_never_writes_an_unsupported_malformed_or_finished_record(
     table.put_item(Item=item | foreign)
     outcome = lifecycle.touch(
         SLOT,
-        Binding(owner=owner(), seed=seed(), origin=ORIGIN),
-        now=NOW + 5,
-        idle_deadline=NOW + 5 + IDLE,
+        transitions.Poll(
+            Binding(owner=owner(), seed=seed(), origin=ORIGIN),
+            now=NOW + 5,
+            idle_deadline=NOW + 5 + IDLE,
+        ),
     )
     assert isinstance(outcome, Conflict)
     assert stored(table) == item | foreign
@@ -403,7 +409,10 @@ def test_touch_never_writes_an_unsupported_malformed_or_finished_record(
 
 def test_touch_of_an_absent_slot_is_a_conflict_with_absent(lifecycle: Lifecycle) -> None:
     outcome = lifecycle.touch(
-        SLOT, Binding(owner=owner(), seed=seed(), origin=ORIGIN), now=NOW, idle_deadline=NOW + IDLE
+        SLOT,
+        transitions.Poll(
+            Binding(owner=owner(), seed=seed(), origin=ORIGIN), now=NOW, idle_deadline=NOW + IDLE
+        ),
     )
     assert outcome == Conflict(Absent(SLOT))
 
@@ -412,7 +421,10 @@ def test_a_touch_in_the_same_tick_makes_the_fence_fail(lifecycle: Lifecycle, tab
     record = launched_cold(lifecycle)
     written(
         lifecycle.touch(
-            SLOT, Binding(owner=None, seed=None, origin=None), now=EXPIRED, idle_deadline=EXPIRED
+            SLOT,
+            transitions.Poll(
+                Binding(owner=None, seed=None, origin=None), now=EXPIRED, idle_deadline=EXPIRED
+            ),
         )
     )
     item = stored(table)
@@ -512,9 +524,11 @@ def test_each_transition_is_one_dynamodb_call(lifecycle: Lifecycle, table: Table
     )
     lifecycle.touch(
         SLOT,
-        Binding(owner=owner(), seed=seed(), origin=ORIGIN),
-        now=NOW + 1,
-        idle_deadline=NOW + IDLE,
+        transitions.Poll(
+            Binding(owner=owner(), seed=seed(), origin=ORIGIN),
+            now=NOW + 1,
+            idle_deadline=NOW + IDLE,
+        ),
     )
     record = current(lifecycle)
     written(

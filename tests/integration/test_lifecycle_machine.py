@@ -123,13 +123,15 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
             if record:
                 lifecycle.touch(
                     self.slot,
-                    Binding(
-                        owner=record.owner if by_owner else owner(run="intruder"),
-                        seed=record.seed,
-                        origin=record.origin,
+                    transitions.Poll(
+                        Binding(
+                            owner=record.owner if by_owner else owner(run="intruder"),
+                            seed=record.seed,
+                            origin=record.origin,
+                        ),
+                        now=self.now,
+                        idle_deadline=self.now + IDLE,
                     ),
-                    now=self.now,
-                    idle_deadline=self.now + IDLE,
                 )
 
         @rule(seconds=st.sampled_from([1, IDLE, IDLE + 1, 10 * IDLE]))

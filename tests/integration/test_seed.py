@@ -17,9 +17,7 @@ from pydantic import SecretStr
 from conftest import Stack
 from functions import event, invoke
 from repos import git, tree
-from seedkeeper.adapters.r2 import R2Settings, backup_key
-from seedkeeper.adapters.runtime import RuntimeSettings
-from seedkeeper.config import seed_service, seed_service_from_env
+from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding, SeedIdentity
 from seedkeeper.domain.plan import SlotPlan
@@ -27,11 +25,11 @@ from seedkeeper.domain.record import SeedFailed, State, Supported
 from seedkeeper.domain.refused import Refused
 from seedkeeper.domain.snapshots import Archive, NewSnapshot
 from seedkeeper.domain.sweep import TaskStatus
-from seedkeeper.services.seed import SeedSettings
 from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper.store.snapshots import SnapshotStore
 from seedkeeper_task.sandbox import STATE_DIR
 from seedkeeper_task.supervisor import CHECKOUT, MARKER, SlotTask, TaskSettings
+from sessions import injected_session, operations
 from slots import (
     ORIGIN,
     Slots,
@@ -339,8 +337,9 @@ def test_a_poll_costs_one_dynamodb_call(slots: Slots, repo: Path) -> None:
     body = slots.body(slots.publish(repo))
     slots.seed(body)
     slots.settle(body)
-    calls = dynamodb_calls()
-    status, _ = slots.seed(body)
+    with injected_session() as session:
+        calls = operations(session, "dynamodb")
+        status, _ = slots.seed(body)
     assert status == 200
     assert calls == ["UpdateItem"]
 
@@ -350,23 +349,11 @@ def test_a_birth_costs_three_dynamodb_calls(slots: Slots, repo: Path, seeded: bo
     """The touch that finds no slot, the birth (one transaction with the proof that the
     seed is recorded), the incarnation."""
     body = slots.body(slots.publish(repo)) if seeded else {"slot": "cold", "seed": None}
-    calls = dynamodb_calls()
-    status, _ = slots.seed(body)
+    with injected_session() as session:
+        calls = operations(session, "dynamodb")
+        status, _ = slots.seed(body)
     assert status == (202 if seeded else 200)
     assert calls == ["UpdateItem", "TransactWriteItems", "UpdateItem"]
-
-
-def dynamodb_calls() -> list[str]:
-    """The operations the seed function's DynamoDB clients send from now on."""
-    calls: list[str] = []
-    service = seed_service_from_env()
-    lifecycle, snapshots = service._lifecycle, service._snapshots
-    clients = {id(t.meta.client): t.meta.client for t in (lifecycle._table, snapshots._table)}
-    for client in clients.values():
-        client.meta.events.register(
-            "before-call.dynamodb", lambda event_name, **_: calls.append(event_name.split(".")[-1])
-        )
-    return calls
 
 
 def test_an_archives_own_git_hooks_and_fsmonitor_never_run_in_the_slot_task(
@@ -473,12 +460,12 @@ def assert_the_task_settles_seed_missing_unfetched(
 def assert_seed_missing_with_no_effect(slots: Slots, seed: dict[str, Any]) -> None:
     """`seed-missing`, and nothing presigned, recorded or launched."""
     presigned: list[str] = []
-    service = seed_service(slots.stack.store, R2Settings(), RuntimeSettings(), SeedSettings())
-    r2_client = service._r2._s3  # type: ignore[union-attr]  # observe presigning
-    r2_client.meta.events.register(
-        "before-sign.s3", lambda **kwargs: presigned.append(kwargs["operation_name"])
-    )
-    status, answer = slots.seed(slots.body(seed))
+    with injected_session() as session:
+        # Every signature, a presigned URL's included (it sends nothing: no before-call).
+        session.events.register(
+            "before-sign.s3", lambda **kwargs: presigned.append(kwargs["operation_name"])
+        )
+        status, answer = slots.seed(slots.body(seed))
     missing = {"seeded": False, "reason": "seed-missing", "step": None, "detail": None}
     assert (status, answer) == (200, missing)
     assert presigned == []

@@ -62,9 +62,11 @@ def touch(lifecycle: Lifecycle, record: SlotRecord, until: int) -> None:
     written(
         lifecycle.touch(
             record.slot,
-            Binding(owner=record.owner, seed=record.seed, origin=record.origin),
-            now=EXPIRED,
-            idle_deadline=until,
+            transitions.Poll(
+                Binding(owner=record.owner, seed=record.seed, origin=record.origin),
+                now=EXPIRED,
+                idle_deadline=until,
+            ),
         )
     )
 

@@ -61,9 +61,9 @@ def test_only_positively_unseeded_idle_slots_are_stopped(
     touched = slots.record("cold-touched")
     lifecycle.touch(
         "cold-touched",
-        Binding(owner=None, seed=None, origin=None),
-        now=LATER,
-        idle_deadline=LATER + 600,
+        transitions.Poll(
+            Binding(owner=None, seed=None, origin=None), now=LATER, idle_deadline=LATER + 600
+        ),
     )
 
     # Seeded, failed and still-seeding slots, each with a real task.

@@ -156,13 +156,15 @@ def sent_touch(table: Table, *, seeded: bool) -> tuple[dict[str, Any], BuiltCond
         stub.add_response("update_item", {"Attributes": wire(record_in(State.SEEDED))})
         Lifecycle(table).touch(
             "slot-1",
-            Binding(
-                owner=owner() if seeded else None,
-                seed=seed() if seeded else None,
-                origin=ORIGIN if seeded else None,
+            transitions.Poll(
+                Binding(
+                    owner=owner() if seeded else None,
+                    seed=seed() if seeded else None,
+                    origin=ORIGIN if seeded else None,
+                ),
+                now=NOW,
+                idle_deadline=NOW + IDLE,
             ),
-            now=NOW,
-            idle_deadline=NOW + IDLE,
         )
         stub.assert_no_pending_responses()
     return sent, ConditionExpressionBuilder().build_expression(sent["ConditionExpression"])

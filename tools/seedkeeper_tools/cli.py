@@ -16,13 +16,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import boto3
 from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TransferSpeedColumn
 from rich.table import Table
 
 from seedkeeper import __version__
+from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings, snapshots
 from seedkeeper.domain.models import ResourceName, SlotId
@@ -179,8 +179,8 @@ def _store(args: argparse.Namespace) -> StoreSettings:
 
 
 def _r2() -> R2:
-    """R2, or R2Unconfigured naming what is missing."""
-    return R2.from_settings(R2Settings())
+    """R2 with the tools' patience (uploads), or R2Unconfigured naming what is missing."""
+    return R2.from_settings(R2Settings(), budget=aws.TOOLS)
 
 
 def _show_slot(args: argparse.Namespace) -> int:
@@ -191,7 +191,9 @@ def _show_slot(args: argparse.Namespace) -> int:
 
 def _create_table(args: argparse.Namespace) -> int:
     settings = _store(args)
-    client = boto3.client("dynamodb", endpoint_url=settings.dynamodb_endpoint)
+    client = aws.client(
+        aws.session(), "dynamodb", budget=aws.TOOLS, endpoint_url=settings.dynamodb_endpoint
+    )
     create_table(client, settings.table, load_template())
     console.print(f"created table [bold]{settings.table}[/bold] from template.yaml")
     return 0

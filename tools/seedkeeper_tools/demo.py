@@ -24,6 +24,7 @@ from botocore.credentials import Credentials
 from rich.console import Console
 from rich.table import Table
 
+from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain.models import OwnerClaim, SeedIdentity
@@ -88,7 +89,7 @@ class Demo:
     def _scenario(self) -> None:
         client = SeedkeeperClient(self.stack.url, credentials=self.signing)
         repo = sample_repository(self.root / "widgets")
-        r2 = R2.from_settings(R2Settings())
+        r2 = R2.from_settings(R2Settings(), budget=aws.TOOLS)
 
         def publish() -> tuple[str, bool]:
             recorded = client.publish(self._snapshot(repo, r2))

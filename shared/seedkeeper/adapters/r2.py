@@ -14,22 +14,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
-import boto3
-from aws_lambda_powertools.utilities.parameters import get_secret
+from aws_lambda_powertools.utilities.parameters import SecretsProvider
 from aws_lambda_powertools.utilities.parameters.exceptions import (
     GetParameterError,
     TransformParameterError,
 )
 from boto3.s3.transfer import ProgressCallbackInvoker, TransferConfig, create_transfer_manager
-from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import Field, SecretStr, StringConstraints
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from seedkeeper.adapters import aws
 from seedkeeper.domain.models import IDENTIFIER_PATTERN
 from seedkeeper.errors import R2Unavailable, R2Unconfigured, translate_r2_error
 
 if TYPE_CHECKING:
+    from boto3.session import Session
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_s3.type_defs import LifecycleRuleOutputTypeDef, LifecycleRuleTypeDef
 
@@ -63,14 +63,9 @@ _LIFECYCLE_RULES: tuple[LifecycleRuleTypeDef, ...] = (
     },
 )
 
-# R2 speaks SigV4 in region "auto", wants path-style addressing, and rejects some of the
-# optional checksums newer botocore sends by default.
-_R2_CONFIG = Config(
-    signature_version="s3v4",
-    s3={"addressing_style": "path"},
-    request_checksum_calculation="when_required",
-    response_checksum_validation="when_required",
-)
+# R2's dialect within the functions' budget, both from seedkeeper.adapters.aws (kept under
+# this name for tests that build an R2 client of their own).
+_R2_CONFIG = aws.R2.config().merge(aws.R2_DIALECT)
 
 
 def backup_key(backup_id: str) -> str:
@@ -153,6 +148,13 @@ def transfer_mode(settings: R2Settings) -> TransferMode:
     return TransferMode("unconfigured", target)
 
 
+def get_secret(name: str, transform: Literal["json"]) -> object:
+    """Powertools' `get_secret`, read by a Secrets Manager client of the process's session
+    with its budget (Powertools would build its own, with boto's defaults)."""
+    secrets = SecretsProvider(boto3_client=aws.client(aws.session(), "secretsmanager"))
+    return secrets.get(name, transform=transform)
+
+
 def _keys_from_secret(secret_arn: str) -> _Keys:
     try:
         value = get_secret(secret_arn, transform="json")
@@ -171,15 +173,21 @@ def _keys_from_secret(secret_arn: str) -> _Keys:
     return _Keys(SecretStr(access_key_id), SecretStr(secret_access_key))
 
 
-def _s3_client(endpoint: str, access_key_id: SecretStr, secret_access_key: SecretStr) -> S3Client:
-    """The one place an R2 client is built. Explicit keys: no AWS session token mixes in."""
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="auto",
-        aws_access_key_id=access_key_id.get_secret_value(),
-        aws_secret_access_key=secret_access_key.get_secret_value(),
-        config=_R2_CONFIG,
+def _s3_client(
+    endpoint: str,
+    access_key_id: SecretStr,
+    secret_access_key: SecretStr,
+    session: Session | None = None,
+    budget: aws.Budget = aws.R2,
+) -> S3Client:
+    """An R2 client, from `session` (None: the process's). Explicit keys: no AWS session
+    token mixes in."""
+    return aws.r2_client(
+        session or aws.session(),
+        endpoint,
+        access_key_id.get_secret_value(),
+        secret_access_key.get_secret_value(),
+        budget=budget,
     )
 
 
@@ -213,8 +221,12 @@ class R2:
         )
 
     @classmethod
-    def from_settings(cls, settings: R2Settings) -> R2:
-        """A client for the configured bucket; the keys come from the secret when one is set."""
+    def from_settings(
+        cls, settings: R2Settings, session: Session | None = None, *, budget: aws.Budget = aws.R2
+    ) -> R2:
+        """A client for the configured bucket, from `session` (None: the process's), within
+        the functions' budget unless told another (the tools'). The keys come from the
+        secret when one is set (read through the process's session)."""
         target = _target(settings)
         if not isinstance(target, _Target):
             raise R2Unconfigured(target)
@@ -223,9 +235,10 @@ class R2:
             if isinstance(target.credentials, _Keys)
             else _keys_from_secret(target.credentials)
         )
-        return cls(
-            _s3_client(target.endpoint, keys.access_key_id, keys.secret_access_key), target.bucket
+        s3 = _s3_client(
+            target.endpoint, keys.access_key_id, keys.secret_access_key, session, budget
         )
+        return cls(s3, target.bucket)
 
     def presign_get(self, key: str, expires_in: int) -> str:
         """A URL that reads the object (ranges too) without credentials until it expires."""

@@ -13,16 +13,17 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal, Protocol
 
-import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import AfterValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from seedkeeper.adapters import aws
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.sweep import TaskStatus
 from seedkeeper.errors import RuntimeUnavailable
 
 if TYPE_CHECKING:
+    from boto3.session import Session
     from mypy_boto3_ecs import ECSClient
 
 
@@ -69,7 +70,8 @@ class RuntimeSettings(BaseSettings):
     local_task_passthrough: Annotated[tuple[str, ...], AfterValidator(not_a_credential)] = ()
 
 
-def runtime_from(settings: RuntimeSettings) -> SlotRuntime:
+def runtime_from(settings: RuntimeSettings, session: Session | None = None) -> SlotRuntime:
+    """The runtime `settings` name; ECS's client from `session` (None: the process's)."""
     if settings.runtime == "local":
         # The local stack's runtime: on the developer's machine, never in Lambda.
         from seedkeeper_tools.local.runtime import LocalRuntime  # noqa: PLC0415
@@ -81,7 +83,7 @@ def runtime_from(settings: RuntimeSettings) -> SlotRuntime:
         )
     if not (settings.cluster and settings.task_definition and settings.subnets):
         raise RuntimeUnavailable("ecs runtime needs cluster, task_definition and subnets")
-    return EcsRuntime(boto3.client("ecs"), settings)
+    return EcsRuntime(aws.client(session or aws.session(), "ecs"), settings)
 
 
 def started_by(slot: str) -> str:

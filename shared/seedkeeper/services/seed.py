@@ -80,19 +80,12 @@ class SeedService:
             return NotSeeded(reason="seed-unconfigured")
         for _ in range(_ROUNDS):
             now = self._clock()
-            touched = self._lifecycle.touch(
-                request.slot,
-                request.binding,
-                now=now,
-                idle_deadline=now + self._settings.idle_window,
-            )
+            poll = Poll(request.binding, now=now, idle_deadline=now + self._settings.idle_window)
+            touched = self._lifecycle.touch(request.slot, poll)
             if isinstance(touched, Written):
                 return self._attach(request, touched.record)
             current = touched.current
             if isinstance(current, Supported):
-                poll = Poll(
-                    request.binding, now=now, idle_deadline=now + self._settings.idle_window
-                )
                 refused = TOUCH.decide(current.record, poll)
                 if isinstance(refused, Refused):
                     return refused

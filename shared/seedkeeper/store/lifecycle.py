@@ -128,9 +128,7 @@ class Lifecycle:
             raise translate_client_error(error) from error
         return Written(change.record, change.entry)
 
-    def touch(
-        self, slot: str, binding: Binding, *, now: int, idle_deadline: int
-    ) -> Written | Conflict:
+    def touch(self, slot: str, poll: Poll) -> Written | Conflict:
         """`TOUCH` without a read: extend the idle deadline for the slot's own binding in
         one UpdateItem, so a poll costs one call. The new record is returned.
 
@@ -160,7 +158,6 @@ class Lifecycle:
         owns. The identity (owner, seed, origin) and the state are pinned exactly, so a
         touch never writes another caller's record, malformed or not.
         """
-        poll = Poll(binding, now=now, idle_deadline=idle_deadline)
         try:
             response = self._table.update_item(
                 Key=slot_key(slot),
@@ -170,9 +167,13 @@ class Lifecycle:
                     "#updated": "updated_at",
                     "#rev": "rev",
                 },
-                ExpressionAttributeValues={":deadline": idle_deadline, ":now": now, ":one": 1},
+                ExpressionAttributeValues={
+                    ":deadline": poll.idle_deadline,
+                    ":now": poll.now,
+                    ":one": 1,
+                },
                 ConditionExpression=_checks(TOUCH, poll)
-                & _touchable(seeded=binding.seed is not None),
+                & _touchable(seeded=poll.binding.seed is not None),
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import boto3
 
+from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings, sweeper_from_env
 from seedkeeper.observability import logger
@@ -71,11 +72,13 @@ class LocalStack:
         self._configure(self._moto.endpoint)
         store = StoreSettings()
         create_table(
-            boto3.client("dynamodb", endpoint_url=store.dynamodb_endpoint),
+            aws.client(
+                aws.session(), "dynamodb", budget=aws.TOOLS, endpoint_url=store.dynamodb_endpoint
+            ),
             store.table,
             load_template(),
         )
-        R2.from_settings(R2Settings()).create_bucket()
+        R2.from_settings(R2Settings(), budget=aws.TOOLS).create_bucket()
         self._gateway = FunctionUrlGateway(
             "127.0.0.1", self.port, self.credentials, region=REGION
         ).start()
@@ -102,7 +105,9 @@ class LocalStack:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        boto3.setup_default_session()  # forgets the stack's keys
+        # Forgets the stack's keys: Seedkeeper's session and boto3's default one.
+        aws.use_session(None)
+        boto3.setup_default_session()
 
     def _configure(self, endpoint: str) -> None:
         """The environment every handler, the sweep and every slot task reads."""
@@ -125,7 +130,10 @@ class LocalStack:
             self._saved.setdefault(name, os.environ.get(name))
             os.environ[name] = value
         os.environ.pop("AWS_SESSION_TOKEN", None)
-        # boto3's default session keeps the keys it first read: a new one reads these.
+        # A session keeps the keys it first read: new ones read these. Seedkeeper's clients
+        # come from its own session (seedkeeper.adapters.aws), anything else in this
+        # process from boto3's default one.
+        aws.use_session(None)
         boto3.setup_default_session()
 
     def _sweep_on_a_timer(self) -> None:
