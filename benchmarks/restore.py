@@ -574,9 +574,7 @@ class Bench:
             slot=slot,
             attempt=born.record.attempt,
             op=born.entry.ref,
-            seed=seed,
-            owner=owner,
-            origin=ORIGIN,
+            binding=Binding(owner=owner, seed=seed, origin=ORIGIN),
             checkout=SecretStr(self.nginx.url(case.archive)),
         )
         workspace = folder / "workspace"

@@ -129,7 +129,7 @@ class SlotTask:
     # -- the restore ---------------------------------------------------------------
 
     def restore(self) -> Verdict:
-        seed = self.plan.seed
+        seed = self.plan.binding.seed
         assert seed is not None
         started = time.monotonic()
         try:
@@ -287,7 +287,9 @@ class SlotTask:
                 timeout=max(1.0, self.settings.restore_timeout),
             )
             try:
-                dropped = make_safe(git, origin=plan.origin, branch=seed.ref, owner=git.user)
+                dropped = make_safe(
+                    git, origin=plan.binding.origin, branch=seed.ref, owner=git.user
+                )
             except UnsafeRepository as unsafe:
                 raise StepFailed("fixup", "unsafe-archive", str(unsafe)) from unsafe
             if dropped:
@@ -302,7 +304,8 @@ class SlotTask:
             # of them, freshly extracted), and it would silently discard a conflicting change.
             self._git(git, "checkout", "--quiet", "-B", seed.ref, target, "--")
             head = self._git(git, "rev-parse", "--verify", "HEAD^{commit}")
-        if plan.owner is not None and head != plan.owner.head:
+        owner = plan.binding.owner
+        if owner is not None and head != owner.head:
             raise StepFailed("fixup", "seed-failed", "HEAD is not the claim's head")
         return head
 
@@ -320,8 +323,8 @@ class SlotTask:
             slot=self.plan.slot,
             attempt=self.plan.attempt,
             seed=seed,
-            owner=self.plan.owner,
-            origin=self.plan.origin,
+            owner=self.plan.binding.owner,
+            origin=self.plan.binding.origin,
             head=head,
         )
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -426,8 +429,8 @@ def main() -> int:
         end_user_processes(user.uid)
     task = SlotTask(plan, settings, *task_store(), stop)
     logger.append_keys(slot=plan.slot, attempt=plan.attempt, incarnation=settings.incarnation)
-    logger.info("task started", seeded=plan.seed is not None)
-    if plan.seed is not None and task.restore() == "superseded":
+    logger.info("task started", seeded=plan.binding.seed is not None)
+    if plan.binding.seed is not None and task.restore() == "superseded":
         return 0  # another attempt owns the slot now
     code = task.run_sandbox()
     logger.info("task stopped", stopped_by_signal=stop.is_set())

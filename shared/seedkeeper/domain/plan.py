@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field, SecretStr
 
-from seedkeeper.domain.models import Model, Origin, OwnerClaim, SeedIdentity, SlotId
+from seedkeeper.domain.models import Binding, Model, SlotId
 from seedkeeper.domain.opwindow import OpRef
 
 PLAN_VARIABLE = "SEEDKEEPER_PLAN"
@@ -18,9 +18,7 @@ class SlotPlan(Model):
     slot: SlotId
     attempt: Annotated[int, Field(ge=1)]
     op: OpRef  # the restore (or, for a cold slot, the launch) this task's work settles
-    seed: SeedIdentity | None = None
-    owner: OwnerClaim | None = None
-    origin: Origin | None = None
+    binding: Binding = Binding()  # the slot's owner, seed and origin (none: a cold slot)
     # Presigned GET URLs of the seed's archives (credentials until they expire). The task
     # reads the size and sha256 to verify against from the snapshot records themselves.
     checkout: SecretStr | None = None
