@@ -1,6 +1,6 @@
-"""What every function URL shares: the resolver, `GET /healthz`, the one mapping of
-domain errors to HTTP answers, and how a route documents them. Handlers stay thin: parse,
-one call, answer.
+"""What every function URL shares: the resolver, `GET /healthz`, and the refusals made
+before a route runs; every answer goes through the answer table (`api/answers.py`).
+Handlers stay thin: parse, one call, `answer(...)`.
 
 Bodies are parsed here, once, under limits, before any validation (`parse_body`): at most
 32 levels of nesting, at most 20 digits in a number, no duplicate key, JSON's own values
