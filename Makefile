@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup system-packages test lint format pr clean demo sam-validate
+.PHONY: help setup system-packages test unit lint format pr clean demo sam-validate
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -36,8 +36,19 @@ $(STAMP): pyproject.toml
 demo: setup ## Run the whole protocol locally (local stack, real git, real slot tasks), checked step by step
 	$(BIN)/seedkeeper demo
 
-test: setup ## Run the whole test suite (unit, integration, e2e)
-	$(BIN)/pytest
+# The whole suite runs in TEST_WORKERS processes (pytest-xdist; 0: in this one). Its tests
+# share nothing across processes: tmp_path data directories, ports the OS picks, fresh
+# table and bucket names, slot uids counted from a base of each process's own. Many tests
+# wait on subprocesses and sockets, so 3 workers beat 2 on a 2-core machine; worksteal
+# evens out the few long tests. PYTEST_ARGS: more options, e.g. --durations=20.
+TEST_WORKERS ?= 3
+PYTEST_ARGS ?=
+
+test: setup ## Run the whole test suite (unit, integration, e2e), in parallel
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+
+unit: setup ## Run the network-free unit tests (tests/unit) only: seconds
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 lint: setup ## ruff (lint and format check) and mypy
 	$(BIN)/ruff check .

@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import boto3
 import pytest
+from hypothesis import settings
 from moto import mock_aws
 from pydantic import SecretStr
 
 from repos import make_repository
 from seedkeeper.adapters.r2 import R2, R2Settings
+from seedkeeper.adapters.runtime import SLOT_UIDS_FROM
 from seedkeeper.config import StoreSettings, snapshots
 from seedkeeper.services.rotation import Snapshots
 from seedkeeper.store.lifecycle import Lifecycle
@@ -32,13 +34,27 @@ if TYPE_CHECKING:
 TABLE_NAME = "seedkeeper-test"
 FAKE_KEY = "testing"  # moto accepts any keys
 
+# No test asserts how long something takes, Hypothesis's 200 ms per example included: on a
+# loaded machine (the suite runs in parallel) a slow example is not a failing one.
+settings.register_profile("seedkeeper", deadline=None)
+settings.load_profile("seedkeeper")
+
+# A root local runtime gives each slot a uid of its own, counted per data directory from a
+# base, and a stop ends every process of that uid on the machine. Tests run in several
+# processes at once (pytest-xdist workers, or another session), each with data directories
+# of its own: each process counts from a base of its own, from its pid (unique among live
+# processes), so no two of them ever give a slot the same uid. 500 uids for each pid.
+SLOT_UIDS_FROM_HERE = SLOT_UIDS_FROM + 500 * os.getpid()
+
 
 @pytest.fixture(autouse=True)
 def isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Settings read the environment: a developer's SEEDKEEPER_* never leaks into a test."""
+    """Settings read the environment: a developer's SEEDKEEPER_* never leaks into a test.
+    Slot users are counted from this process's own base (SLOT_UIDS_FROM_HERE)."""
     for name in os.environ:
         if name.startswith("SEEDKEEPER_"):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("SEEDKEEPER_LOCAL_SLOT_UIDS_FROM", str(SLOT_UIDS_FROM_HERE))
 
 
 @pytest.fixture
@@ -133,7 +149,7 @@ def slots(stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     monkeypatch.setenv("SEEDKEEPER_RUNTIME", "local")
     monkeypatch.setenv("SEEDKEEPER_DATA_DIR", str(data))
     monkeypatch.setenv("SEEDKEEPER_RESTORE_TIMEOUT", "60")
-    runtime = LocalRuntime(data)
+    runtime = LocalRuntime(data, slot_uids_from=SLOT_UIDS_FROM_HERE)
     yield Slots(stack, runtime, tmp_path)
     for record in (data / "slots").glob("*/attempt-*.json"):
         slot, attempt = record.parent.name, record.stem.removeprefix("attempt-")
