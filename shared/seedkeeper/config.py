@@ -61,7 +61,7 @@ def r2_if_configured(settings: R2Settings, session: Session | None = None) -> R2
     return R2.from_settings(settings, session)
 
 
-# Each builder below is cached per settings and session: the public one names the
+# Each builder below is cached per settings and session; the `*_from_env` ones name the
 # process's session, so a replaced session builds anew. (A slot runtime, built lazily by
 # `runtime_from(settings)`, takes the process's session when it is built.)
 
@@ -82,14 +82,8 @@ def snapshots_from_env() -> Snapshots:
     return snapshots(StoreSettings(), R2Settings())
 
 
-def seed_service(
-    store: StoreSettings, r2: R2Settings, runtime: RuntimeSettings, seed: SeedSettings
-) -> SeedService:
-    return _seed_service(store, r2, runtime, seed, aws.session())
-
-
 @cache
-def _seed_service(
+def seed_service(
     store: StoreSettings,
     r2: R2Settings,
     runtime: RuntimeSettings,
@@ -114,15 +108,13 @@ def _seed_service(
 def seed_service_from_env() -> SeedService:
     from seedkeeper.services.seed import SeedSettings
 
-    return seed_service(StoreSettings(), R2Settings(), RuntimeSettings(), SeedSettings())
-
-
-def witness(store: StoreSettings, r2: R2Settings) -> Witness:
-    return _witness(store, r2, aws.session())
+    return seed_service(
+        StoreSettings(), R2Settings(), RuntimeSettings(), SeedSettings(), aws.session()
+    )
 
 
 @cache
-def _witness(store: StoreSettings, r2: R2Settings, session: Session) -> Witness:
+def witness(store: StoreSettings, r2: R2Settings, session: Session) -> Witness:
     from seedkeeper.services.receipts import Witness
 
     return Witness(
@@ -131,17 +123,11 @@ def _witness(store: StoreSettings, r2: R2Settings, session: Session) -> Witness:
 
 
 def witness_from_env() -> Witness:
-    return witness(StoreSettings(), R2Settings())
-
-
-def sweeper(
-    store: StoreSettings, r2: R2Settings, runtime: RuntimeSettings, sweep: SweepSettings
-) -> Sweeper:
-    return _sweeper(store, r2, runtime, sweep, aws.session())
+    return witness(StoreSettings(), R2Settings(), aws.session())
 
 
 @cache
-def _sweeper(
+def sweeper(
     store: StoreSettings,
     r2: R2Settings,
     runtime: RuntimeSettings,
@@ -165,4 +151,4 @@ def _sweeper(
 def sweeper_from_env() -> Sweeper:
     from seedkeeper.services.sweep import SweepSettings
 
-    return sweeper(StoreSettings(), R2Settings(), RuntimeSettings(), SweepSettings())
+    return sweeper(StoreSettings(), R2Settings(), RuntimeSettings(), SweepSettings(), aws.session())
