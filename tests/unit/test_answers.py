@@ -1,0 +1,86 @@
+"""The answer table: every outcome a service returns and every refusal it makes has a row,
+and each row names a real outcome."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import typing
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from seedkeeper.api import answers
+from seedkeeper.domain import outcomes
+from seedkeeper.domain.transitions import TOUCH
+from seedkeeper.errors import (
+    MalformedRecord,
+    R2Unconfigured,
+    ResourceNotFound,
+    RotationConflict,
+    SeedkeeperError,
+    StoreUnavailable,
+)
+from seedkeeper.services.receipts import NO_MATCH, Witness
+from seedkeeper.services.rotation import Snapshots
+from seedkeeper.services.seed import SeedService
+
+
+def returned(method: object) -> set[str]:
+    """The outcome classes a service method is annotated to return."""
+    annotation = typing.get_type_hints(method)["return"]
+    members = typing.get_args(annotation) or (annotation,)
+    return {member.__name__ for member in members if issubclass(member, BaseModel)}
+
+
+def test_every_outcome_a_service_returns_has_a_status() -> None:
+    services = [
+        SeedService.seed,
+        Witness.receipt,
+        Witness.evidence,
+        Snapshots.record,
+        Snapshots.status,
+        Snapshots.delete,
+    ]
+    named = set().union(*(returned(method) for method in services))
+    assert named <= set(answers.OUTCOMES)
+
+
+def test_every_row_names_an_outcome() -> None:
+    models = {
+        name
+        for name, member in inspect.getmembers(outcomes, inspect.isclass)
+        if issubclass(member, BaseModel) and member.__module__ == outcomes.__name__
+    }
+    nested = {"ObjectCounts"}  # a part of SnapshotStatus, never an answer of its own
+    assert set(answers.OUTCOMES) == (models - nested) | {"Health"}
+
+
+def test_every_refusal_a_service_makes_has_a_status() -> None:
+    """Every `Refused("token")` the services and the API write, the seed's TOUCH refusals
+    (a poll that is not the slot's own), and every error's token."""
+    layer = Path(answers.__file__).parents[1]
+    written = {
+        node.args[0].value
+        for path in [*(layer / "services").glob("*.py"), *(layer / "api").glob("*.py")]
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "Refused"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+    }
+    touch = {check.reason for check in TOUCH.checks if check.reason is not None}
+    errors = {
+        answers.refusal_of(error).reason
+        for error in (
+            ResourceNotFound("r"),
+            RotationConflict("r"),
+            R2Unconfigured(("bucket",)),
+            StoreUnavailable("ThrottlingException"),
+            MalformedRecord("m"),
+            SeedkeeperError("other"),
+        )
+    }
+    assert {"retry-later", "record-unsupported", "invalid-request"} <= written
+    assert written | touch | errors | {NO_MATCH} <= set(answers.REFUSALS)
