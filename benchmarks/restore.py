@@ -574,7 +574,9 @@ class Bench:
             slot=slot,
             attempt=born.record.attempt,
             op=born.entry.ref,
-            binding=Binding(owner=owner, seed=seed, origin=ORIGIN),
+            seed=seed,
+            owner=owner,
+            origin=ORIGIN,
             checkout=SecretStr(self.nginx.url(case.archive)),
         )
         workspace = folder / "workspace"

@@ -13,12 +13,12 @@ from seedkeeper.config import snapshots_from_env
 from seedkeeper.domain.models import ResourceName
 from seedkeeper.domain.outcomes import Payment, Recorded, SnapshotStatus
 from seedkeeper.domain.snapshots import NewSnapshot
+from seedkeeper.services.rotation import RECORD_REFUSALS
 
 app = function_url_app()
-RECORD_REFUSED = ("backup-id-owned", "backup-id-reused", "backup-id-pending-deletion")
 
 
-@app.post("/snapshots", responses=documented([Recorded], REQUEST_REFUSALS + RECORD_REFUSED))
+@app.post("/snapshots", responses=documented([Recorded], (*REQUEST_REFUSALS, *RECORD_REFUSALS)))
 def record(snapshot: NewSnapshot) -> Response[str]:
     """201 rotated, 200 the current snapshot again; 409 `backup-id-owned` when an id was
     first recorded by another resource (nothing is written), or another reason token."""

@@ -8,21 +8,13 @@ from seedkeeper.api.answers import REQUEST_REFUSALS, answer, documented
 from seedkeeper.api.http import entrypoint, function_url_app
 from seedkeeper.config import seed_service_from_env
 from seedkeeper.domain.outcomes import Cold, NotSeeded, Seeded, Seeding
-from seedkeeper.services.seed import SeedRequest
+from seedkeeper.services.seed import REFUSALS, SeedRequest
 
 app = function_url_app()
-REFUSED = (
-    "claim-mismatch",
-    "seed-mismatch",
-    "origin-mismatch",
-    "slot-closed",
-    "record-unsupported",
-)
+OUTCOMES = [Seeded, NotSeeded, Cold, Seeding]
 
 
-@app.post(
-    "/seed", responses=documented([Seeded, NotSeeded, Cold, Seeding], REQUEST_REFUSALS + REFUSED)
-)
+@app.post("/seed", responses=documented(OUTCOMES, (*REQUEST_REFUSALS, *REFUSALS)))
 def seed(request: SeedRequest) -> Response[str]:
     return answer(seed_service_from_env().seed(request))
 

@@ -58,9 +58,7 @@ def test_a_handler_that_died_after_launch_relaunches_nothing(slots: Slots, tmp_p
     body = {"slot": "half", "seed": seed}
     restore = died_after_birth(slots, body)
     # The launch happened, the incarnation was never recorded.
-    plan = SlotPlan(
-        slot="half", attempt=1, op=restore, binding=Binding(seed=SeedIdentity.model_validate(seed))
-    )
+    plan = SlotPlan(slot="half", attempt=1, op=restore, seed=SeedIdentity.model_validate(seed))
     first = slots.runtime.launch(plan)
     assert slots.record("half").incarnation is None
     status, answer = slots.seed(body)  # the executor's retry

@@ -437,7 +437,7 @@ def assert_the_task_settles_seed_missing_unfetched(
         slot="unfetched",
         attempt=1,
         op=born.entry.ref,
-        binding=Binding(seed=seed),
+        seed=seed,
         checkout=SecretStr("http://127.0.0.1:9/never-fetched"),
     )
     table = stack.store.table_resource()

@@ -21,6 +21,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 from botocore.stub import Stubber
 from pydantic import SecretStr, ValidationError
 
+from seedkeeper.adapters import aws
 from seedkeeper.adapters import r2 as r2_module
 from seedkeeper.adapters.r2 import (
     R2,
@@ -54,7 +55,9 @@ def client() -> S3Client:
         region_name="auto",
         aws_access_key_id=ACCESS_KEY,
         aws_secret_access_key=SECRET_KEY,
-        config=r2_module._R2_CONFIG.merge(Config(retries={"total_max_attempts": 1})),
+        config=aws.R2.config()
+        .merge(aws.R2_DIALECT)
+        .merge(Config(retries={"total_max_attempts": 1})),
     )
 
 

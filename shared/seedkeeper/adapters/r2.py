@@ -63,10 +63,6 @@ _LIFECYCLE_RULES: tuple[LifecycleRuleTypeDef, ...] = (
     },
 )
 
-# R2's dialect within the functions' budget, both from seedkeeper.adapters.aws (kept under
-# this name for tests that build an R2 client of their own).
-_R2_CONFIG = aws.R2.config().merge(aws.R2_DIALECT)
-
 
 def backup_key(backup_id: str) -> str:
     """The object key of an archive. The id is checked here because it becomes a key."""

@@ -133,13 +133,11 @@ def answer(
     """The HTTP answer of a service's outcome or refusal, as the tables say."""
     if isinstance(outcome, Refused):
         status = REFUSALS[outcome.reason]
-        body: BaseModel = ErrorAnswer(
-            error=outcome.reason, detail=outcome.detail, fields=tuple(fields)
-        )
-        if status >= HTTPStatus.INTERNAL_SERVER_ERROR:
-            logger.error("request failed", reason=outcome.reason)
-        else:
-            logger.info("request refused", reason=outcome.reason)
+        error = ErrorAnswer(error=outcome.reason, detail=outcome.detail, fields=tuple(fields))
+        # A failure is logged where it is caught, with its cause (`api/http.py`).
+        if status < HTTPStatus.INTERNAL_SERVER_ERROR:
+            logger.info("request refused", reason=outcome.reason, fields=len(error.fields))
+        body: BaseModel = error
     else:
         status, body = OUTCOMES[type(outcome).__name__].of(outcome), outcome
     return Response(

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field, SecretStr
 
-from seedkeeper.domain.models import Binding, Model, SlotId
+from seedkeeper.domain.models import Binding, Model, Origin, OwnerClaim, SeedIdentity, SlotId
 from seedkeeper.domain.opwindow import OpRef
 
 PLAN_VARIABLE = "SEEDKEEPER_PLAN"
@@ -18,7 +18,11 @@ class SlotPlan(Model):
     slot: SlotId
     attempt: Annotated[int, Field(ge=1)]
     op: OpRef  # the restore (or, for a cold slot, the launch) this task's work settles
-    binding: Binding = Binding()  # the slot's owner, seed and origin (none: a cold slot)
+    # The slot's binding, flat on the wire as the record keeps it: a task image and the
+    # functions of another release still read each other's plans.
+    seed: SeedIdentity | None = None
+    owner: OwnerClaim | None = None
+    origin: Origin | None = None
     # Presigned GET URLs of the seed's archives (credentials until they expire). The task
     # reads the size and sha256 to verify against from the snapshot records themselves.
     checkout: SecretStr | None = None
@@ -26,6 +30,10 @@ class SlotPlan(Model):
     deps_path: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")] = (
         "node_modules"
     )
+
+    @property
+    def binding(self) -> Binding:
+        return Binding(owner=self.owner, seed=self.seed, origin=self.origin)
 
     def to_env(self) -> str:
         """The JSON for PLAN_VARIABLE, URLs revealed (SecretStr hides them everywhere else)."""

@@ -24,6 +24,10 @@ from seedkeeper.domain.snapshots import (
 from seedkeeper.errors import ResourceNotFound, RotationConflict, SnapshotRefused
 from seedkeeper.store.snapshots import Lost, SnapshotStore
 
+# What recording a snapshot refuses with (`SnapshotRefused`): an id another resource owns,
+# an id reused for other bytes, an id still owed for deletion.
+RECORD_REFUSALS = ("backup-id-owned", "backup-id-reused", "backup-id-pending-deletion")
+
 
 class Snapshots:
     def __init__(

@@ -55,6 +55,11 @@ class SeedRequest(Model):
         return Binding(owner=self.claim, seed=self.seed, origin=self.origin)
 
 
+# What a seed refuses with: a poll that is not the slot's own binding, or a closed slot
+# (TOUCH's checks), or a record this code may not write.
+REFUSALS = (*(check.reason for check in TOUCH.checks if check.reason), "record-unsupported")
+
+
 class SeedService:
     def __init__(
         self,
@@ -158,7 +163,9 @@ class SeedService:
             slot=record.slot,
             attempt=record.attempt,
             op=op,
-            binding=record.binding,
+            seed=seed,
+            owner=record.owner,
+            origin=record.origin,
             checkout=self._presign(seed.checkout_backup_id) if seed else None,
             deps=self._presign(seed.deps_backup_id) if seed and seed.deps_backup_id else None,
             deps_path=self._settings.deps_path,
