@@ -17,7 +17,7 @@ from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import SWEEP_PARTITION, encode
-from seedkeeper.domain.sweep import TaskStatus
+from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper_tools.infra import create_table, load_template

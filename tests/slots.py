@@ -23,8 +23,8 @@ import boto3
 from functions import event, invoke, load_function
 from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.domain.record import Supported
+from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.domain.snapshots import Archive, NewSnapshot
-from seedkeeper.domain.sweep import TaskStatus
 from seedkeeper_task.restore.download import parse_content_range
 from seedkeeper_task.sandbox import STATE_DIR
 from seedkeeper_task.supervisor import CHECKOUT, MARKER

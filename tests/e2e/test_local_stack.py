@@ -20,8 +20,8 @@ from repos import git, make_repository
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.domain.models import OwnerClaim, SeedIdentity
 from seedkeeper.domain.outcomes import Cold, NotSeeded, Seeded
+from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.domain.snapshots import NewSnapshot
-from seedkeeper.domain.sweep import TaskStatus
 from seedkeeper_task.supervisor import CHECKOUT
 from seedkeeper_tools.client import ClaimNotEchoed, SeedkeeperClient, SeedkeeperRefused
 from seedkeeper_tools.local.stack import LocalStack

@@ -14,7 +14,7 @@ from seedkeeper.domain.models import Binding, SeedIdentity
 from seedkeeper.domain.opwindow import OpRef
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import Absent, slot_key
-from seedkeeper.domain.sweep import TaskStatus
+from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.store.lifecycle import Written
 from sessions import Answer, answer_calls, answered, injected_session
 from slots import Slots, seed_function

@@ -20,7 +20,7 @@ from pydantic import SecretStr
 from seedkeeper.adapters.runtime import EcsRuntime, RuntimeSettings, started_by
 from seedkeeper.domain.opwindow import Actor, OpRef
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.domain.sweep import TaskStatus
+from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper_tools.local.runtime import LOCAL_TASK_ENVIRONMENT, LocalRuntime
 
 if TYPE_CHECKING:

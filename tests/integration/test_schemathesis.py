@@ -45,7 +45,7 @@ from seedkeeper import config
 from seedkeeper.adapters.runtime import RuntimeSettings, SlotRuntime
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import State
-from seedkeeper.domain.sweep import TaskStatus
+from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper_tools.infra import FUNCTIONS
 

@@ -23,8 +23,8 @@ from seedkeeper.domain.models import Binding, SeedIdentity
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import SeedFailed, State, Supported
 from seedkeeper.domain.refused import Refused
+from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.domain.snapshots import Archive, NewSnapshot
-from seedkeeper.domain.sweep import TaskStatus
 from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper.store.snapshots import SnapshotStore
 from seedkeeper_task.sandbox import STATE_DIR

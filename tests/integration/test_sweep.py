@@ -21,8 +21,8 @@ from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import SlotRecord, State, Supported, encode, slot_key
+from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.domain.snapshots import Archive, NewSnapshot, Rotation, plan_rotation
-from seedkeeper.domain.sweep import TaskStatus
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper.store.snapshots import SnapshotStore

@@ -20,7 +20,7 @@ from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import State
-from seedkeeper.domain.sweep import TaskStatus
+from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Written
 from seedkeeper.store.sweep_index import SweepIndex

@@ -23,7 +23,7 @@ from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.adapters.runtime import RuntimeSettings, runtime_from
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain.record import Absent
-from seedkeeper.domain.sweep import TaskStatus
+from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper_task.supervisor import task_store
 from seedkeeper_tools.infra import load_template
 from sessions import Answer, answer_calls, answered, injected_session

@@ -12,7 +12,8 @@ from builders import EXPIRED, IDLE, NOW, changed, record_in
 from seedkeeper.domain import transitions
 from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import Absent, Malformed, State, Supported, Unsupported
-from seedkeeper.domain.sweep import Leave, Retain, Stop, TaskStatus, decide
+from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.domain.sweep import Leave, Retain, Stop, decide
 
 LIVE = [State.UNSEEDED, State.SEEDING, State.SEEDED, State.SEED_FAILED, State.CLOSING]
 

@@ -30,8 +30,8 @@ from seedkeeper.config import StoreSettings
 from seedkeeper.domain.models import OwnerClaim, SeedIdentity
 from seedkeeper.domain.outcomes import Cold, Seeded
 from seedkeeper.domain.record import Supported
+from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.domain.snapshots import NewSnapshot
-from seedkeeper.domain.sweep import TaskStatus
 from seedkeeper.observability import logger
 from seedkeeper_task.supervisor import CHECKOUT
 from seedkeeper_tools.client import SeedkeeperClient

@@ -6,17 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
 from seedkeeper.domain.record import Absent, Classified, Malformed, SlotRecord, State, Unsupported
 from seedkeeper.domain.refused import Refused
+from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.domain.transitions import FENCE, At
-
-
-class TaskStatus(StrEnum):
-    RUNNING = "running"
-    STOPPED = "stopped"
-    UNKNOWN = "unknown"  # nothing known about this incarnation: never a reason to destroy
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from seedkeeper.domain.record import (
     Supported,
 )
 from seedkeeper.domain.refused import Refused
-from seedkeeper.domain.sweep import TaskStatus
+from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.domain.transitions import TOUCH, Acknowledged, Poll
 from seedkeeper.store.lifecycle import Conflict, Lifecycle, Unmet, Written
 from seedkeeper.store.snapshots import SnapshotStore

@@ -22,7 +22,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from seedkeeper.adapters.runtime import SlotRuntime
 from seedkeeper.domain.record import Classified
-from seedkeeper.domain.sweep import Leave, Retain, Stop, TaskStatus, decide
+from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.domain.sweep import Leave, Retain, Stop, decide
 from seedkeeper.domain.transitions import FENCE, NOTE_RETAINED, RETIRE, At, Retained, Stopped
 from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.observability import METRICS_NAMESPACE, logger

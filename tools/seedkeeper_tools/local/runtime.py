@@ -23,7 +23,7 @@ from pathlib import Path
 
 from seedkeeper.adapters.runtime import SLOT_UIDS_FROM, not_a_credential
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.domain.sweep import TaskStatus
+from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.observability import logger
 from seedkeeper_task.sandbox import end_user_processes, let_slot_user_reach
 
