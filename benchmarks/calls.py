@@ -2,8 +2,9 @@
 
 Each request goes through the local stack as the executor sends it: signed HTTP to the
 function-URL gateway, which runs the same handlers in this process. A `before-call` hook on
-the default boto3 session, registered before any client exists, counts every API call the
-handlers make (the slot tasks are processes of their own and are not counted). Setting up
+the process's boto3 session (`seedkeeper.adapters.aws`), registered before any client
+exists, counts every API call the handlers make (the slot tasks are processes of their own
+and are not counted). Setting up
 a checkpoint and uploading archives happen outside the counted requests.
 
 Targets: a seed birth at most 3 DynamoDB calls, a poll exactly 1, a receipt and slot
@@ -27,11 +28,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import boto3
 from botocore.credentials import Credentials
 from rich.console import Console
 from rich.table import Table
 
+from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain import transitions
@@ -59,7 +60,7 @@ class CallCounter:
         self._seen: Counter[str] = Counter()
 
     def __call__(self, event_name: str, **_: Any) -> None:
-        _, service, operation = event_name.split(".", 2)
+        _event, service, operation = event_name.split(".", 2)
         with self._lock:
             self._seen[f"{service}:{operation}"] += 1
 
@@ -98,9 +99,8 @@ def run(root: Path, console: Console) -> list[Row]:
     stack = LocalStack(
         data_dir=root / "data", port=0, credentials=credentials, sweep_interval=3600
     ).start()
-    # The stack starts boto3's default session anew with its store keys: count on that one.
-    assert boto3.DEFAULT_SESSION is not None
-    boto3.DEFAULT_SESSION.events.register("before-call", counter)
+    # The stack starts the process's session anew with its store keys: count on that one.
+    aws.session().events.register("before-call", counter)
     rows: list[Row] = []
 
     def measure(
@@ -206,7 +206,9 @@ def record_checkpoint(r2: R2, root: Path, slot: str, owner: OwnerClaim, incarnat
     facts = r2.upload(f"checkpoints/{slot}/1.sqsh", archive)
     checkpoint = new_checkpoint(
         IdleSettings(),
-        uploaded=facts,
+        key=facts.key,
+        size=facts.size,
+        etag=facts.etag,
         sha256=hashlib.sha256(body).hexdigest(),
         owner=owner,
         incarnation=incarnation,

@@ -20,6 +20,7 @@ from seedkeeper.domain.record import SWEEP_PARTITION, encode
 from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper.store.sweep_index import SweepIndex
 from seedkeeper_tools.infra import create_table, load_template
 
 SLOTS = 100_000
@@ -75,7 +76,7 @@ def main() -> None:
         load(table)
         loaded = time.monotonic() - started
         sweeper = Sweeper(
-            table=table,
+            index=SweepIndex(table),
             lifecycle=Lifecycle(table),
             runtime=UnknownTasks,
             snapshots=None,
