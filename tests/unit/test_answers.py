@@ -24,6 +24,7 @@ from seedkeeper.errors import (
 from seedkeeper.services.receipts import NO_MATCH, Witness
 from seedkeeper.services.rotation import RECORD_REFUSALS, Snapshots
 from seedkeeper.services.seed import REFUSALS, SeedService
+from seedkeeper.store.snapshots import Lost
 
 
 def returned(method: object) -> set[str]:
@@ -57,12 +58,17 @@ def test_every_row_names_an_outcome() -> None:
 
 
 def test_every_refusal_a_service_makes_has_a_status() -> None:
-    """Every `Refused("token")` the services and the API write, the seed's TOUCH refusals
-    (a poll that is not the slot's own), and every error's token."""
+    """Every `Refused("token")` the services, the API and the rotation plan write, every
+    reason a rotation's transaction can be lost for, the seed's TOUCH refusals (a poll that
+    is not the slot's own), and every error's token: a token without a row would be a 500."""
     layer = Path(answers.__file__).parents[1]
     written = {
         node.args[0].value
-        for path in [*(layer / "services").glob("*.py"), *(layer / "api").glob("*.py")]
+        for path in [
+            *(layer / "services").glob("*.py"),
+            *(layer / "api").glob("*.py"),
+            layer / "domain" / "snapshots.py",  # a rotation plan's refusals: SnapshotRefused
+        ]
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
@@ -83,5 +89,8 @@ def test_every_refusal_a_service_makes_has_a_status() -> None:
         )
     }
     assert {"retry-later", "record-unsupported", "invalid-request"} <= written
+    # A rotation's transaction lost on a condition: SnapshotRefused but for "conflict".
+    lost = set(typing.get_args(typing.get_type_hints(Lost)["why"])) - {"conflict"}
+    assert lost | {"backup-id-reused"} == set(RECORD_REFUSALS)
     declared = {NO_MATCH, *REFUSALS, *RECORD_REFUSALS}
     assert written | touch | errors | declared <= set(answers.REFUSALS)
