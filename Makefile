@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup system-packages test unit lint format pr clean demo sam-validate
+.PHONY: help setup system-packages test unit lint format pr clean demo sam-validate image docker-packages
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -32,6 +32,29 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
+
+# The slot task's image (functions/seed_task/Dockerfile) as SLOT_IMAGE; the container
+# tests build it the same way. Its base: the public Python 3.13 slim image, or one made
+# from Debian 13's packages (debootstrap) where no registry answers.
+SLOT_IMAGE ?= seedkeeper-slot-task:local
+
+image: setup docker-packages ## Build the slot task image (needs a running Docker engine) and report its size
+	@docker info >/dev/null 2>&1 || { echo "no Docker engine answers: start dockerd (as root: dockerd &)" >&2; exit 1; }
+	SLOT_IMAGE=$(SLOT_IMAGE) images/slot-task
+
+# Docker's engine and debootstrap (for the Debian-made base), from Debian's packages.
+docker-packages:
+	@missing=""; \
+	command -v dockerd >/dev/null || missing="$$missing docker.io"; \
+	command -v debootstrap >/dev/null || test -x /usr/sbin/debootstrap || missing="$$missing debootstrap"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing$$missing with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "please install:$$missing (apt-get needs root here)" >&2; exit 1; \
+	  fi; \
+	fi
 
 demo: setup ## Run the whole protocol locally (local stack, real git, real slot tasks), checked step by step
 	$(BIN)/seedkeeper demo

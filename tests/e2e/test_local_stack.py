@@ -16,18 +16,14 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
 from conftest import running_local_stack
+from executor import ORIGIN, claim_for, client_for, publish
 from repos import git, make_repository
-from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.domain.models import OwnerClaim, SeedIdentity
 from seedkeeper.domain.outcomes import Cold, NotSeeded, Seeded
 from seedkeeper.domain.runtime import TaskStatus
-from seedkeeper.domain.snapshots import NewSnapshot
 from seedkeeper_task.supervisor import CHECKOUT
 from seedkeeper_tools.client import ClaimNotEchoed, SeedkeeperClient, SeedkeeperRefused
 from seedkeeper_tools.local.stack import LocalStack
-from seedkeeper_tools.publish import backup_id_for, head_of, upload_archive
-
-ORIGIN = "https://git.example.com/acme/widgets.git"
 
 
 @pytest.fixture
@@ -38,36 +34,7 @@ def stack(tmp_path: Path, aws_credentials: None) -> Iterator[LocalStack]:
 
 @pytest.fixture
 def client(stack: LocalStack) -> SeedkeeperClient:
-    credentials = Credentials(stack.credentials.access_key, stack.credentials.secret_key)
-    return SeedkeeperClient(stack.url, credentials=credentials)
-
-
-def publish(client: SeedkeeperClient, repo: Path, scratch: Path) -> SeedIdentity:
-    sha, ref = head_of(repo)
-    scratch.mkdir(exist_ok=True)
-    archive = upload_archive(
-        repo, scratch, backup_id_for("widgets", "checkout", sha), R2.from_settings(R2Settings())
-    )
-    client.publish(
-        NewSnapshot(
-            resource="widgets", ref=ref, sha=sha, created_at=1_800_000_000, checkout=archive
-        )
-    )
-    handle = client.snapshot_status("widgets").seed_handle
-    assert handle is not None
-    return SeedIdentity(resource="widgets", **handle.model_dump())
-
-
-def claim_for(seed: SeedIdentity, **changes: str) -> OwnerClaim:
-    fields = {
-        "run": "run-1",
-        "requester": "alice",
-        "thread": "thread-1",
-        "repository": "acme/widgets",
-        "ref": seed.ref,
-        "head": seed.sha,
-    }
-    return OwnerClaim.model_validate(fields | changes)
+    return client_for(stack)
 
 
 def test_the_demo_scenario_over_signed_http(

@@ -13,10 +13,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 LAYER = ROOT / "shared"
 HANDLERS = sorted((ROOT / "functions").glob("*/app.py"))
-# What the finder cannot resolve in the layer alone: the local runtime, which
-# `runtime_from` imports only when SEEDKEEPER_RUNTIME=local (the local stack), and a name
+# What the finder cannot resolve in the layer alone: the local stack's runtimes, which
+# `runtime_from` imports only when SEEDKEEPER_RUNTIME is docker or local, and a name
 # imported from a package (`from seedkeeper import __version__`), which is not a module.
-UNRESOLVED = {"seedkeeper_tools.local.runtime", "seedkeeper.__version__"}
+UNRESOLVED = {
+    "seedkeeper_tools.local.docker",
+    "seedkeeper_tools.local.runtime",
+    "seedkeeper.__version__",
+}
 
 
 def ours(name: str) -> bool:

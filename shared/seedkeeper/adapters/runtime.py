@@ -1,9 +1,10 @@
-"""Where slot tasks run: ECS Fargate in AWS, local processes on one machine
-(`seedkeeper_tools.local.runtime`). One small interface, chosen by configuration; nothing
-else in Seedkeeper knows which it is.
+"""Where slot tasks run: ECS Fargate in AWS; on one machine, containers of the slot image
+(`seedkeeper_tools.local.docker`) or local processes (`seedkeeper_tools.local.runtime`).
+One small interface, chosen by configuration; nothing else in Seedkeeper knows which it is.
 
 Launching is idempotent per attempt, so a retried launch never starts a second task: ECS
-by the RunTask client token, the local runtime by the incarnation file it keeps.
+by the RunTask client token, Docker by the container's name, the local processes by the
+attempt record they create first.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def not_a_credential(names: tuple[str, ...]) -> tuple[str, ...]:
 class RuntimeSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SEEDKEEPER_", extra="ignore", frozen=True)
 
-    runtime: Literal["ecs", "local"] = "ecs"
+    runtime: Literal["ecs", "docker", "local"] = "ecs"
     # ECS
     cluster: str | None = None
     task_definition: str | None = None
@@ -60,8 +61,10 @@ class RuntimeSettings(BaseSettings):
     subnets: tuple[str, ...] = ()
     security_groups: tuple[str, ...] = ()
     assign_public_ip: bool = False
-    # local
+    # local (processes) and docker
     data_dir: Path = Path(".seedkeeper")
+    # docker: the slot image `make image` builds
+    slot_image: str = "seedkeeper-slot-task:local"
     # Where a root local runtime's slot users start: each slot gets its own uid from here
     # (the ECS image's one slot user per task is uid 1000). An unprivileged runtime cannot
     # drop, so its tasks run their sandboxes as itself and say so.
@@ -72,8 +75,14 @@ class RuntimeSettings(BaseSettings):
 
 def runtime_from(settings: RuntimeSettings, session: Session | None = None) -> SlotRuntime:
     """The runtime `settings` name; ECS's client from `session` (None: the process's)."""
+    # The local stack's runtimes: on the developer's machine, never in Lambda.
+    if settings.runtime == "docker":
+        from seedkeeper_tools.local.docker import DockerRuntime  # noqa: PLC0415
+
+        return DockerRuntime(
+            settings.data_dir, settings.slot_image, passthrough=settings.local_task_passthrough
+        )
     if settings.runtime == "local":
-        # The local stack's runtime: on the developer's machine, never in Lambda.
         from seedkeeper_tools.local.runtime import LocalRuntime  # noqa: PLC0415
 
         return LocalRuntime(

@@ -88,12 +88,13 @@ def _credential_free_https(url: str) -> str:
 # repeat call compares equal only when it names the very same origin.
 Origin = Annotated[str, AfterValidator(_credential_free_https)]
 
-# The container a slot was born in: an ECS task ARN, or `local:<id>` for the local runtime.
+# The container a slot was born in: an ECS task ARN, `docker:<container name>` for the local
+# stack's containers, or `local:<id>` for its processes.
 Incarnation = Annotated[
     str,
     StringConstraints(
         max_length=512,
-        pattern=r"^(?:arn:aws[a-z-]*:ecs:[a-z0-9-]+:\d{12}:task/[A-Za-z0-9/_-]+|local:[A-Za-z0-9._:-]+)$",
+        pattern=r"^(?:arn:aws[a-z-]*:ecs:[a-z0-9-]+:\d{12}:task/[A-Za-z0-9/_-]+|docker:[A-Za-z0-9_.-]+|local:[A-Za-z0-9._:-]+)$",
     ),
 ]
 

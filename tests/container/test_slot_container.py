@@ -1,0 +1,308 @@
+"""The slot task as the container it ships: the local stack with its Docker runtime, each
+slot a container of the slot image on the host's network, stopped as ECS stops a task."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import running_local_stack
+from executor import ORIGIN, claim_for, client_for, publish
+from repos import git, make_repository
+from seedkeeper.config import StoreSettings
+from seedkeeper.domain.outcomes import Cold, NotSeeded, Seeded, Seeding
+from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
+from seedkeeper.domain.record import SeedFailed, State, Supported, slot_key
+from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.services.sweep import Sweeper, SweepSettings
+from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper.store.sweep_index import SweepIndex
+from seedkeeper_tools.client import SeedkeeperClient
+from seedkeeper_tools.local.docker import DockerRuntime
+from seedkeeper_tools.local.stack import LocalStack
+from slots import TamperingProxy, wait_for
+
+# The image's interpreter: the probe borrows its boto3, as a sandbox could.
+IMAGE_PYTHON = "/opt/seedkeeper/bin/python"
+
+
+@pytest.fixture
+def stack(
+    tmp_path: Path, aws_credentials: None, slot_image: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[LocalStack]:
+    with running_local_stack(tmp_path) as local:
+        monkeypatch.setenv("SEEDKEEPER_RUNTIME", "docker")
+        monkeypatch.setenv("SEEDKEEPER_SLOT_IMAGE", slot_image)
+        try:
+            yield local
+        finally:
+            DockerRuntime(local.data_dir, slot_image).stop_all()
+
+
+@pytest.fixture
+def runtime(stack: LocalStack, slot_image: str) -> DockerRuntime:
+    return DockerRuntime(stack.data_dir, slot_image)
+
+
+@pytest.fixture
+def client(stack: LocalStack) -> SeedkeeperClient:
+    return client_for(stack)
+
+
+def docker(*args: str, check: bool = True) -> str:
+    done = subprocess.run(
+        ["docker", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def container(incarnation: str | None) -> str:
+    assert incarnation is not None
+    assert incarnation.startswith("docker:")
+    return incarnation.removeprefix("docker:")
+
+
+def inspect(name: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = json.loads(docker("inspect", name))
+    return found[0]
+
+
+def environment_of(name: str) -> dict[str, str]:
+    """The container's environment, as its task definition and launch gave it."""
+    entries: list[str] = inspect(name)["Config"]["Env"]
+    return dict(entry.split("=", 1) for entry in entries)
+
+
+def as_slot_user(name: str, *command: str) -> str:
+    return docker("exec", "--user", "1000", "--env", "HOME=/tmp", name, *command)
+
+
+def record_of(stack: LocalStack, slot: str) -> Any:
+    classified = Lifecycle(stack_table(stack)).read(slot)
+    assert isinstance(classified, Supported)
+    return classified.record
+
+
+def stack_table(stack: LocalStack) -> Any:
+    """The stack's table, from the environment the stack set."""
+    return StoreSettings().table_resource()
+
+
+def test_a_seed_runs_end_to_end_in_the_slot_container(
+    stack: LocalStack, client: SeedkeeperClient, runtime: DockerRuntime, tmp_path: Path
+) -> None:
+    repo = make_repository(tmp_path)
+    seed = publish(client, repo, tmp_path / "scratch")
+    claim = claim_for(seed)
+    started = time.monotonic()
+    seeded = client.seed("slot-1", seed, claim=claim, origin=ORIGIN, wait=True, timeout=120)
+    assert isinstance(seeded, Seeded), seeded
+    print(f"container seed: {time.monotonic() - started:.2f} s, task steps {seeded.steps}")
+    name = container(seeded.incarnation)
+    assert runtime.status(seeded.incarnation or "") is TaskStatus.RUNNING
+
+    details = inspect(name)
+    assert details["HostConfig"]["NetworkMode"] == "host"
+    assert details["HostConfig"]["Init"] is True
+    assert details["Config"]["StopTimeout"] == 120  # the task definition's
+    environment = environment_of(name)
+    assert environment["SEEDKEEPER_TABLE"] == stack.name
+    assert environment["AWS_EXECUTION_ENV"] == "AWS_ECS_FARGATE"
+    assert not {"SEEDKEEPER_R2_ACCESS_KEY_ID", "SEEDKEEPER_R2_SECRET_ACCESS_KEY"} & set(environment)
+    # The supervisor is root under the init process; the checkout is the slot user's.
+    assert docker("exec", name, "cat", "/proc/1/comm") == "docker-init"
+    assert as_slot_user(name, "stat", "-c", "%u:%g", "/workspace/checkout") == "1000:1000"
+    assert as_slot_user(name, "git", "-C", "/workspace/checkout", "rev-parse", "HEAD") == seed.sha
+    status = as_slot_user(name, "git", "-C", "/workspace/checkout", "status", "--porcelain")
+    assert status == git(repo, "status", "--porcelain").strip()  # the work came along
+    # Its workspace is the container's own, as Fargate's ephemeral storage is the task's.
+    assert not [mount for mount in details["Mounts"] if mount["Destination"] == "/workspace"]
+    assert not (stack.data_dir / "slots" / "slot-1").exists()
+
+    again = client.seed("slot-1", seed, claim=claim, origin=ORIGIN)
+    assert isinstance(again, Seeded)
+    assert again.incarnation == seeded.incarnation
+
+
+def test_a_retried_launch_of_an_attempt_starts_one_container(
+    stack: LocalStack, client: SeedkeeperClient, runtime: DockerRuntime
+) -> None:
+    cold = client.seed("cold-1", None, wait=True)
+    assert isinstance(cold, Cold)
+    incarnation = record_of(stack, "cold-1").incarnation
+    environment = dict(
+        entry.split("=", 1) for entry in inspect(container(incarnation))["Config"]["Env"]
+    )
+    plan = SlotPlan.from_env(environment[PLAN_VARIABLE])  # the launch, as the seed made it
+    assert runtime.launch(plan) == incarnation  # retried: the same container answers
+    assert runtime.status(incarnation) is TaskStatus.RUNNING
+    listed = docker("ps", "--all", "--quiet", "--filter", "label=seedkeeper.slot=cold-1")
+    assert len(listed.split()) == 1
+
+
+PROBE = """
+import glob, json, os, sys
+found = {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
+         "environment": dict(os.environ)}
+def attempt(name, action):
+    try:
+        found[name] = action()
+    except Exception as error:
+        found[name] = type(error).__name__
+readable = {}
+for path in glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        readable[path] = open(path, "rb").read().decode(errors="replace")
+    except OSError:
+        pass
+found["proc_readable"] = readable
+attempt("init_environ", lambda: open("/proc/1/environ").read())
+attempt("supervisor_environ", lambda: open(f"/proc/{os.getppid()}/environ").read())
+attempt("marker_read", lambda: open("/workspace/.seedkeeper/seed.json").read())
+attempt("planted_in_workspace", lambda: open("/workspace/canary", "x").close())
+attempt("docker_socket", lambda: os.path.exists("/var/run/docker.sock"))
+def hijack(key, secret):
+    # Another slot's record, knowing the table and the store's port (as an attacker may).
+    import boto3
+    table, endpoint, slot_key = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    session = boto3.session.Session(
+        aws_access_key_id=key, aws_secret_access_key=secret, region_name="us-east-1"
+    ) if key else boto3.session.Session(region_name="us-east-1")
+    session.resource("dynamodb", endpoint_url=endpoint).Table(table).update_item(
+        Key=slot_key, UpdateExpression="SET #s = :s",
+        ExpressionAttributeNames={"#s": "state"}, ExpressionAttributeValues={":s": "hijacked"},
+    )
+    return "written"
+attempt("other_record_own_credentials", lambda: hijack(None, None))
+attempt("other_record_guessed_keys", lambda: hijack("testing", "testing"))
+with open("probe.json.tmp", "w") as out:
+    json.dump(found, out)
+os.rename("probe.json.tmp", "probe.json")
+import time
+time.sleep(600)  # the task lives as long as its sandbox: the test reads the probe first
+"""
+
+
+def test_the_sandbox_in_the_container_finds_no_secret_and_writes_no_other_record(
+    stack: LocalStack, client: SeedkeeperClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert isinstance(client.seed("other", None, wait=True), Cold)
+    other = record_of(stack, "other")
+    endpoint = os.environ["SEEDKEEPER_DYNAMODB_ENDPOINT"]
+    command = [IMAGE_PYTHON, "-c", PROBE, stack.name, endpoint, json.dumps(slot_key("other"))]
+    monkeypatch.setenv("SEEDKEEPER_SANDBOX_COMMAND", json.dumps(command))
+    seed = publish(client, make_repository(tmp_path), tmp_path / "scratch")
+    seeded = client.seed("slot-1", seed, claim=claim_for(seed), origin=ORIGIN, wait=True)
+    assert isinstance(seeded, Seeded), seeded
+    name = container(seeded.incarnation)
+
+    def probe_written() -> bool:
+        listed = docker("exec", name, "ls", "/workspace/checkout", check=False)
+        return "probe.json" in listed.split()
+
+    wait_for(probe_written, f"the sandbox's probe: {docker('logs', name, check=False)}")
+    found = json.loads(docker("exec", name, "cat", "/workspace/checkout/probe.json"))
+
+    assert (found["uid"], found["gid"], found["groups"]) == (1000, 1000, [])
+    assert set(found["environment"]) <= {"PATH", "HOME", "LANG", "LC_ALL", "TERM", "TZ"}
+    secrets = [
+        stack.store_credentials.access_key,
+        stack.store_credentials.secret_key,
+        "SEEDKEEPER_PLAN",
+        "X-Amz-Signature",
+        "AWS_SECRET_ACCESS_KEY",
+    ]
+    seen = json.dumps(found)
+    assert not [secret for secret in secrets if secret in seen]
+    # What it could read of /proc is its own processes' alone: never the init's or the
+    # supervisor's environment or command line.
+    assert found["init_environ"] == "PermissionError"
+    assert found["supervisor_environ"] == "PermissionError"
+    assert found["marker_read"] == "PermissionError"  # it names the owner's claim
+    assert found["planted_in_workspace"] == "PermissionError"
+    assert found["docker_socket"] is False
+    assert found["other_record_own_credentials"] == "NoCredentialsError"
+    assert found["other_record_guessed_keys"] == "ClientError"
+    assert record_of(stack, "other") == other
+
+
+def test_a_docker_stop_during_the_restore_leaves_the_slot_truthful(
+    stack: LocalStack,
+    client: SeedkeeperClient,
+    runtime: DockerRuntime,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seed = publish(client, make_repository(tmp_path), tmp_path / "scratch")
+    claim = claim_for(seed)
+    proxy = TamperingProxy(os.environ["SEEDKEEPER_R2_ENDPOINT"], mode="stall")
+    try:
+        monkeypatch.setenv("SEEDKEEPER_R2_ENDPOINT", proxy.endpoint)
+        seeding = client.seed("slot-1", seed, claim=claim, origin=ORIGIN)
+        assert isinstance(seeding, Seeding)
+        assert proxy.gets.wait(60), docker("logs", container(seeding.incarnation), check=False)
+
+        stopping = time.monotonic()
+        runtime.stop(seeding.incarnation or "")
+        took = time.monotonic() - stopping
+    finally:
+        proxy.close()
+    name = container(seeding.incarnation)
+    state = inspect(name)["State"]
+    assert runtime.status(seeding.incarnation or "") is TaskStatus.STOPPED
+    assert took < 60, "SIGTERM ended the task: SIGKILL never had to"
+    assert state["OOMKilled"] is False
+    assert state["ExitCode"] == 0, docker("logs", name, check=False)
+
+    record = record_of(stack, "slot-1")
+    assert record.state is State.SEED_FAILED
+    assert isinstance(record.result, SeedFailed)
+    assert (record.result.step, record.result.reason) == ("download", "seed-failed")
+    answer = client.seed("slot-1", seed, claim=claim, origin=ORIGIN)
+    assert isinstance(answer, NotSeeded)
+    # Nothing half-restored is left in the stopped container's filesystem.
+    copied = subprocess.run(
+        ["docker", "cp", f"{name}:/workspace/checkout", str(tmp_path / "left")],
+        capture_output=True,
+        check=False,
+    )
+    assert copied.returncode != 0
+
+
+def test_the_idle_sweep_stops_a_cold_container_and_keeps_a_seeded_one(
+    stack: LocalStack, client: SeedkeeperClient, runtime: DockerRuntime, tmp_path: Path
+) -> None:
+    seed = publish(client, make_repository(tmp_path), tmp_path / "scratch")
+    seeded = client.seed("seeded", seed, claim=claim_for(seed), origin=ORIGIN, wait=True)
+    assert isinstance(seeded, Seeded)
+    cold = client.seed("cold-1", None, wait=True)
+    assert isinstance(cold, Cold)
+    cold_incarnation = record_of(stack, "cold-1").incarnation
+    later = record_of(stack, "cold-1").idle_deadline + 60
+
+    table = stack_table(stack)
+    report = Sweeper(
+        index=SweepIndex(table),
+        lifecycle=Lifecycle(table),
+        runtime=lambda: runtime,
+        snapshots=None,
+        settings=SweepSettings(),
+        clock=lambda: later,
+    ).sweep()
+
+    assert report.stopped == ["cold-1"]
+    assert runtime.status(cold_incarnation) is TaskStatus.STOPPED
+    # SIGTERM ended it (0 once its handler is set, 143 before): never SIGKILL's 137.
+    assert inspect(container(cold_incarnation))["State"]["ExitCode"] in {0, 143}
+    assert record_of(stack, "cold-1").state is State.RETIRED
+    assert runtime.status(seeded.incarnation or "") is TaskStatus.RUNNING
+    assert record_of(stack, "seeded").state is State.SEEDED

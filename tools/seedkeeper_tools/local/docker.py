@@ -1,0 +1,194 @@
+"""The Docker runtime: each slot task runs as a container of the slot image, as Fargate runs
+it. Chosen by `SEEDKEEPER_RUNTIME=docker` (`seedkeeper local --runtime docker`); never
+shipped to Lambda.
+
+A container gets what the ECS task gets: the task definition's environment and what ECS
+sets, the plan as the RunTask override, the image's user, `/workspace` in the container's
+own writable layer (Fargate's ephemeral storage: gone when the task is), an init process
+(the task definition's `InitProcessEnabled`), and on stop SIGTERM, then SIGKILL after the
+task definition's `StopTimeout`. Only the task role differs: the store's keys stand in for
+it. Containers use the host's network, where the local gateway and store listen.
+
+Launching is idempotent per attempt: the container's name is the attempt's, and Docker
+creates a name once. A stopped container is kept (ECS keeps a stopped task visible) until
+the stack that started it stops (`stop_all`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from seedkeeper.adapters.runtime import not_a_credential, started_by
+from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
+from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.errors import RuntimeUnavailable
+from seedkeeper.observability import logger
+from seedkeeper_tools.infra import load_template
+
+DEFAULT_IMAGE = "seedkeeper-slot-task:local"
+# What ECS sets in every Fargate container (the task role's credentials endpoint aside),
+# and the local stand-ins for the task role and the table's endpoint.
+ECS_ENVIRONMENT = ("AWS_REGION", "AWS_DEFAULT_REGION")
+TASK_ROLE_STAND_IN = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "SEEDKEEPER_DYNAMODB_ENDPOINT")
+# What a deployment may add to the task definition (a sandbox command, restore tuning);
+# passed on when the local stack's environment sets it.
+TASK_DEFINITION_OPTIONS = (
+    "SEEDKEEPER_SANDBOX_COMMAND",
+    "SEEDKEEPER_RESTORE_TIMEOUT",
+    "SEEDKEEPER_DOWNLOAD_PARTS",
+    "SEEDKEEPER_DOWNLOAD_STALL_TIMEOUT",
+    "SEEDKEEPER_DOWNLOAD_RETRIES",
+)
+_PREFIX = "docker:"
+_LIVE = {"created", "running", "restarting", "paused", "removing"}
+_CLI_TIMEOUT = 60.0  # a daemon that answers nothing for this long is unavailable
+
+
+def slot_container() -> dict[str, object]:
+    """template.yaml's slot container definition: its environment, stop timeout and init."""
+    definition = load_template()["Resources"]["SlotTaskDefinition"]["Properties"]
+    container: dict[str, object] = definition["ContainerDefinitions"][0]
+    return container
+
+
+class DockerRuntime:
+    def __init__(
+        self,
+        data_dir: Path,
+        image: str = DEFAULT_IMAGE,
+        *,
+        passthrough: tuple[str, ...] = (),
+    ) -> None:
+        container = slot_container()
+        self._image = image
+        self._stop_timeout = int(str(container["StopTimeout"]))
+        linux = container.get("LinuxParameters", {})
+        self._init = isinstance(linux, dict) and linux.get("InitProcessEnabled") is True
+        environment = container.get("Environment", [])
+        assert isinstance(environment, list)
+        self._definition_names = tuple(str(variable["Name"]) for variable in environment)
+        self._passthrough = not_a_credential(passthrough)
+        # This data directory's containers (one stack's), by label and name prefix.
+        self._stack = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:10]
+
+    def launch(self, plan: SlotPlan) -> str:
+        name = self._name(plan)
+        environment = self._environment(plan, _PREFIX + name)
+        command = [
+            "docker", "run", "--detach", "--quiet", "--name", name,
+            "--network", "host", *(["--init"] if self._init else []),
+            "--stop-timeout", str(self._stop_timeout),
+            "--label", f"seedkeeper.stack={self._stack}",
+            "--label", f"seedkeeper.slot={plan.slot}",
+            # Names only: each value comes from this process's environment, never argv.
+            *(argument for variable in environment for argument in ("--env", variable)),
+            self._image,
+        ]  # fmt: skip
+        result = _docker(command, environment=os.environ | environment)
+        if result.returncode != 0:
+            if "is already in use" not in result.stderr:
+                raise RuntimeUnavailable(f"docker run: {_last_line(result.stderr)}")
+            # This attempt's container exists: the same task (started unless it never was).
+            if self._state(name) == "created":
+                _docker(["docker", "start", name])
+        return _PREFIX + name
+
+    def status(self, incarnation: str) -> TaskStatus:
+        name = self._container(incarnation)
+        if name is None:
+            return TaskStatus.UNKNOWN
+        state = self._state(name)
+        if state is None:
+            return TaskStatus.UNKNOWN
+        return TaskStatus.RUNNING if state in _LIVE else TaskStatus.STOPPED
+
+    def stop(self, incarnation: str) -> None:
+        """`docker stop`: SIGTERM, SIGKILL after the stop timeout; returns once the
+        container has exited (ECS answers at once and stops the task later)."""
+        name = self._container(incarnation)
+        if name is None:
+            return
+        result = _docker(
+            ["docker", "stop", "--time", str(self._stop_timeout), name],
+            timeout=self._stop_timeout + _CLI_TIMEOUT,
+        )
+        if result.returncode != 0 and "No such container" not in result.stderr:
+            raise RuntimeUnavailable(f"docker stop: {_last_line(result.stderr)}")
+
+    def stop_all(self) -> None:
+        """Stops every container this stack started, together, then removes them (their
+        workspaces go with them, as a stopped task's ephemeral storage does)."""
+        listed = _docker(
+            [
+                "docker",
+                "ps",
+                "--all",
+                "--quiet",
+                "--filter",
+                f"label=seedkeeper.stack={self._stack}",
+            ]
+        )
+        containers = listed.stdout.split()
+        if not containers:
+            return
+        _docker(
+            ["docker", "stop", "--time", str(self._stop_timeout), *containers],
+            timeout=self._stop_timeout + _CLI_TIMEOUT,
+        )
+        _docker(["docker", "rm", "--force", *containers])
+        logger.info("slot containers stopped and removed", count=len(containers))
+
+    def _name(self, plan: SlotPlan) -> str:
+        return f"seedkeeper-{self._stack}-{started_by(plan.slot)}-{plan.attempt}"
+
+    def _container(self, incarnation: str) -> str | None:
+        """This stack's container named by `incarnation`, or None for any other."""
+        name = incarnation.removeprefix(_PREFIX)
+        pattern = rf"seedkeeper-{self._stack}-[A-Za-z0-9_-]{{1,36}}-\d+"
+        if not incarnation.startswith(_PREFIX) or re.fullmatch(pattern, name) is None:
+            return None
+        return name
+
+    def _state(self, name: str) -> str | None:
+        result = _docker(["docker", "inspect", "--format", "{{.State.Status}}", name])
+        return result.stdout.strip() if result.returncode == 0 else None
+
+    def _environment(self, plan: SlotPlan, incarnation: str) -> dict[str, str]:
+        names = (
+            *self._definition_names,
+            *ECS_ENVIRONMENT,
+            *TASK_ROLE_STAND_IN,
+            *TASK_DEFINITION_OPTIONS,
+            *self._passthrough,
+        )
+        environment = {name: os.environ[name] for name in names if name in os.environ}
+        return environment | {
+            "AWS_EXECUTION_ENV": "AWS_ECS_FARGATE",
+            PLAN_VARIABLE: plan.to_env(),
+            "SEEDKEEPER_INCARNATION": incarnation,
+        }
+
+
+def _docker(
+    command: list[str], *, environment: dict[str, str] | None = None, timeout: float = _CLI_TIMEOUT
+) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            command,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as unavailable:
+        raise RuntimeUnavailable(f"docker: {type(unavailable).__name__}") from unavailable
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1][:300] if lines else "no answer"
