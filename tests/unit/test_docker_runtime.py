@@ -1,0 +1,113 @@
+"""The Docker runtime's side of a launch, with a `docker` on PATH that records what it was
+given: the plan's presigned URLs reach the container's environment, never an argv (which
+any local user reads in /proc), and only the task definition's variables go along."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from seedkeeper.domain.opwindow import Actor, OpRef
+from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
+from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.errors import RuntimeUnavailable
+from seedkeeper_tools.local.docker import DockerRuntime
+
+SIGNED_URL = "https://r2.example/signed?X-Amz-Signature=abc"
+# Records its argv and environment, then answers as `docker run --detach` does, or fails
+# with Docker's message when FAKE_DOCKER_ANSWER says so.
+FAKE_DOCKER = """#!/usr/bin/env python3
+import json, os, sys
+with open(os.environ["FAKE_DOCKER_CALLS"], "a") as calls:
+    calls.write(json.dumps({"argv": sys.argv[1:], "environment": dict(os.environ)}) + "\\n")
+answer = os.environ.get("FAKE_DOCKER_ANSWER", "")
+if answer:
+    sys.stderr.write(answer + "\\n")
+    sys.exit(125)
+print("0123456789ab")
+"""
+
+
+@pytest.fixture
+def calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    docker = folder / "docker"
+    docker.write_text(FAKE_DOCKER)
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_DOCKER_CALLS", str(tmp_path / "calls.jsonl"))
+    return tmp_path / "calls.jsonl"
+
+
+def recorded(calls: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in calls.read_text().splitlines()]
+
+
+def plan() -> SlotPlan:
+    return SlotPlan(
+        slot="slot-1",
+        attempt=2,
+        op=OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=2),
+        checkout=SecretStr(SIGNED_URL),
+    )
+
+
+def test_the_plan_travels_in_the_environment_never_in_an_argv(
+    calls: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SEEDKEEPER_TABLE", "the-table")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "store-key")
+    monkeypatch.setenv("SEEDKEEPER_R2_SECRET_ACCESS_KEY", "r2-secret")  # never a task's
+    monkeypatch.setenv("SEEDKEEPER_SANDBOX_COMMAND", '["true"]')
+    incarnation = DockerRuntime(tmp_path).launch(plan())
+
+    [run] = recorded(calls)
+    argv, environment = run["argv"], run["environment"]
+    assert isinstance(argv, list)
+    assert isinstance(environment, dict)
+    assert incarnation == f"docker:{argv[argv.index('--name') + 1]}"
+    assert SIGNED_URL not in json.dumps(argv)
+    assert SlotPlan.from_env(environment[PLAN_VARIABLE]).checkout == plan().checkout
+    given = {argv[index + 1] for index, word in enumerate(argv) if word == "--env"}
+    assert given == {
+        "SEEDKEEPER_TABLE",
+        "AWS_ACCESS_KEY_ID",
+        "SEEDKEEPER_SANDBOX_COMMAND",
+        "AWS_EXECUTION_ENV",
+        PLAN_VARIABLE,
+        "SEEDKEEPER_INCARNATION",
+    }
+    assert argv[argv.index("--stop-timeout") :][:2] == ["--stop-timeout", "120"]
+    assert "--init" in argv
+    assert argv[argv.index("--network") :][:2] == ["--network", "host"]
+
+
+def test_a_launch_docker_refuses_is_unavailable_not_a_task(
+    calls: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_DOCKER_ANSWER", "docker: Cannot connect to the Docker daemon.")
+    with pytest.raises(RuntimeUnavailable, match="Cannot connect"):
+        DockerRuntime(tmp_path).launch(plan())
+
+
+def test_another_runtimes_incarnation_is_unknown_without_asking_docker(
+    calls: Path, tmp_path: Path
+) -> None:
+    runtime = DockerRuntime(tmp_path)
+    other_stack = DockerRuntime(tmp_path / "elsewhere")
+    name = other_stack.launch(plan())
+    calls.unlink()
+    for incarnation in (
+        "local:slot-1:2",
+        "arn:aws:ecs:us-east-1:123456789012:task/c/abc",
+        name,  # another stack's container
+        "docker:seedkeeper-../../etc",
+    ):
+        assert runtime.status(incarnation) is TaskStatus.UNKNOWN
+        runtime.stop(incarnation)
+    assert not calls.exists()
