@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup system-packages test unit lint format pr clean demo sam-validate image docker-packages
+.PHONY: help setup system-packages test unit lint format pr clean demo sam-validate image docker-packages lambda-image sam-cli sam-local-build
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -112,9 +112,21 @@ clean: ## Remove the virtualenv and caches
 SAM_VENV := .sam-venv
 PY313 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) $(shell command -v python3.13))
 
-sam-validate: setup ## cfn-lint, sam validate --lint and sam build (SAM CLI in .sam-venv)
+sam-cli: ## The SAM CLI in .sam-venv (and a check for the python3.13 `sam build` needs)
 	@test -n "$(PY313)" || { echo "sam build needs a python3.13 on this machine" >&2; exit 1; }
 	test -x $(SAM_VENV)/bin/sam || { $(PYTHON) -m venv $(SAM_VENV) && $(SAM_VENV)/bin/pip install --quiet aws-sam-cli; }
+
+sam-validate: setup sam-cli ## cfn-lint, sam validate --lint and sam build (SAM CLI in .sam-venv)
 	$(BIN)/cfn-lint template.yaml
 	SAM_CLI_TELEMETRY=0 $(SAM_VENV)/bin/sam validate --lint
 	SAM_CLI_TELEMETRY=0 PATH=$(dir $(PY313)):$$PATH $(SAM_VENV)/bin/sam build
+
+lambda-image: setup docker-packages ## The Lambda Python 3.13 base image `sam local invoke` runs in (public, or a stand-in)
+	images/lambda-python
+
+SAM_LOCAL := build/sam-local
+
+sam-local-build: setup sam-cli ## sam build the functions for `sam local invoke` on this machine (build/sam-local)
+	$(BIN)/seedkeeper sam-template $(SAM_LOCAL)/template.json
+	SAM_CLI_TELEMETRY=0 PATH=$(dir $(PY313)):$$PATH $(SAM_VENV)/bin/sam build \
+	  -t $(SAM_LOCAL)/template.json --build-dir $(SAM_LOCAL)/build

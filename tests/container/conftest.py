@@ -4,7 +4,10 @@ The session builds the image from the working tree first (`images/slot-task`, as
 image` does; Docker's cache makes an unchanged tree's build take a second), so what runs
 is what the tree holds. Where there is no engine, or the image cannot be built, the tests
 skip, saying why. Under CI=true they fail instead: CI (.ci/run) starts the engine, so a
-skip there would hide that nothing in a container was tested."""
+skip there would hide that nothing in a container was tested.
+
+`sam local invoke` tests need the Lambda Python base image (`images/lambda-python`) and the
+SAM CLI instead, and skip (fail under CI) without them in the same way."""
 
 from __future__ import annotations
 
@@ -12,11 +15,15 @@ import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from seedkeeper_tools.local.docker import DEFAULT_IMAGE
+from seedkeeper_tools.sam_env import lambda_architecture
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -34,7 +41,7 @@ def _unavailable(image: str) -> str | None:
     if engine.returncode != 0:
         return "no Docker engine answers (start dockerd)"
     # One build at a time on this machine (test workers, other checkouts' runs).
-    with Path("/tmp/seedkeeper-slot-image.lock").open("a") as lock:
+    with (Path(tempfile.gettempdir()) / "seedkeeper-slot-image.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         built = subprocess.run(
             [str(REPOSITORY / "images" / "slot-task")],
@@ -55,12 +62,74 @@ def slot_image() -> str:
     image = os.environ.get("SEEDKEEPER_SLOT_IMAGE", DEFAULT_IMAGE)
     why = _unavailable(image)
     if why is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"container tests cannot run under CI: {why}")
-        pytest.skip(f"container tests need Docker: {why}")
+        _cannot_run(f"Docker: {why}")
     return image
 
 
 @pytest.fixture(autouse=True)
 def _needs_the_slot_image(slot_image: str) -> None:
     """Every test here runs in the slot image, or skips (fails under CI) without it."""
+
+
+def _cannot_run(why: str) -> NoReturn:
+    """Skips the test, saying why; fails it under CI, where everything is provided."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"container tests cannot run under CI: {why}")
+    pytest.skip(f"container tests need {why}")
+
+
+@pytest.fixture(scope="session")
+def lambda_image() -> str:
+    """The Lambda Python 3.13 base image `sam local invoke` asks for on this machine: the
+    public one, or the stand-in images/lambda-python builds under its name."""
+    image = f"public.ecr.aws/lambda/python:3.13-{lambda_architecture()}"
+    if shutil.which("docker") is None:
+        _cannot_run("Docker (no docker command on PATH)")
+    for argv, needed in [
+        (["docker", "info"], "a Docker engine (start dockerd)"),
+        (["docker", "image", "inspect", image], f"the image {image} (run images/lambda-python)"),
+    ]:
+        if subprocess.run(argv, capture_output=True, timeout=30, check=False).returncode != 0:
+            _cannot_run(needed)
+    return image
+
+
+@dataclass(frozen=True)
+class SamCli:
+    """The SAM CLI (the Makefile's .sam-venv, else `sam` on PATH), run with a python3.13 on
+    PATH for `sam build`, without telemetry, and without the caller's AWS or Seedkeeper
+    settings: what points a function at the stack comes from its environment file alone."""
+
+    sam: str
+    path: str
+
+    def run(self, *args: str | Path, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+        environment = {
+            name: value
+            for name, value in os.environ.items()
+            if not name.startswith(("AWS_", "SEEDKEEPER_"))
+        }
+        environment |= {"PATH": self.path, "SAM_CLI_TELEMETRY": "0"}
+        return subprocess.run(
+            [self.sam, *map(str, args)],
+            cwd=cwd,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+@pytest.fixture(scope="session")
+def sam_cli() -> SamCli:
+    sam = REPOSITORY / ".sam-venv" / "bin" / "sam"
+    found = str(sam) if sam.exists() else shutil.which("sam")
+    # As the Makefile finds it: pyenv's own (its shim may name no installed 3.13), else PATH's.
+    pythons = [*map(str, Path.home().glob(".pyenv/versions/3.13*/bin/python3.13"))]
+    python = next(iter(pythons), None) or shutil.which("python3.13")
+    if found is None:
+        _cannot_run("the SAM CLI (`make sam-validate` installs it in .sam-venv)")
+    if python is None:
+        _cannot_run("a python3.13 on this machine, for `sam build`")
+    return SamCli(found, os.pathsep.join([str(Path(python).parent), os.environ["PATH"]]))

@@ -23,6 +23,7 @@ from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import SlotRecord, State, Supported, encode, slot_key
 from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.domain.snapshots import Archive, NewSnapshot, Rotation, plan_rotation
+from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper.store.snapshots import SnapshotStore
@@ -155,6 +156,32 @@ def test_a_retained_reason_is_written_once(table: Table, lifecycle: Lifecycle) -
     assert "before-call.dynamodb.UpdateItem" not in calls
     assert lifecycle.read("kept") == noted
     assert runtime.asked == []
+
+
+def test_a_runtime_that_cannot_be_built_leaves_every_task_unknown(
+    table: Table, lifecycle: Lifecycle
+) -> None:
+    """A runtime the sweep cannot build (misconfigured, or not installed where it runs)
+    says nothing of any task: the cold slot is retained, never stopped on a guess."""
+    record = stored_in(lifecycle, "cold", State.UNSEEDED, INCARNATION)
+
+    def unavailable() -> FakeRuntime:
+        raise RuntimeUnavailable("the local runtime is not installed")
+
+    report = Sweeper(
+        index=SweepIndex(table),
+        lifecycle=lifecycle,
+        runtime=unavailable,
+        snapshots=None,
+        settings=SweepSettings(),
+        clock=lambda: EXPIRED + 1,
+    ).sweep()
+    assert report.retained == {"task-unknown": 1}
+    assert report.stopped == []
+    kept = lifecycle.read("cold")
+    assert isinstance(kept, Supported)
+    assert (kept.record.state, kept.record.retained_reason) == (State.UNSEEDED, "task-unknown")
+    assert kept.record.rev == record.rev + 1
 
 
 def test_records_it_may_not_write_are_retained_untouched(

@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.local.gateway import LocalCredentials
 from seedkeeper_tools.local.stack import LocalStack
 from seedkeeper_tools.publish import publish
+from seedkeeper_tools.sam_env import serve_sam_env, write_local_template
 
 console = Console()
 Command = Callable[[argparse.Namespace], int]
@@ -124,7 +126,21 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument("--port", type=int, default=8787)
     local.add_argument("--data-dir", type=Path, default=Path(".seedkeeper"))
     local.add_argument("--sweep-interval", type=float, default=30.0, help="seconds")
+    local.add_argument(
+        "--sam-env",
+        type=Path,
+        metavar="PATH",
+        help="write a `sam local invoke --env-vars` file pointing every function at this "
+        "stack, whose store is relayed to Docker's bridge while it runs (Linux, Docker)",
+    )
     local.set_defaults(run=_local)
+
+    sam_template = commands.add_parser(
+        "sam-template",
+        help="write the template `sam build` builds the functions from for `sam local invoke`",
+    )
+    sam_template.add_argument("path", type=Path, help="where, e.g. build/sam-local/template.json")
+    sam_template.set_defaults(run=_sam_template)
 
     demo = commands.add_parser("demo", help="run the whole protocol locally, checked step by step")
     demo.set_defaults(run=_demo)
@@ -146,14 +162,23 @@ def _local(args: argparse.Namespace) -> int:
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop_signal, lambda *_: stopping.set())
     stack.start()
-    console.print(f"Seedkeeper is listening on [bold]{stack.url}[/bold]")
-    console.print(
-        f"sign requests (SigV4, service lambda) with access key {credentials.access_key}; "
-        "Ctrl-C stops everything"
-    )
-    stopping.wait()
-    stack.stop()
+    try:
+        with serve_sam_env(args.sam_env, os.environ) if args.sam_env else nullcontext():
+            console.print(f"Seedkeeper is listening on [bold]{stack.url}[/bold]")
+            console.print(
+                f"sign requests (SigV4, service lambda) with access key "
+                f"{credentials.access_key}; Ctrl-C stops everything"
+            )
+            stopping.wait()
+    finally:
+        stack.stop()
     console.print("stopped: gateway, slot processes, moto")
+    return 0
+
+
+def _sam_template(args: argparse.Namespace) -> int:
+    write_local_template(args.path)
+    console.print(f"wrote {args.path}: `sam build -t {args.path}` builds the functions from it")
     return 0
 
 

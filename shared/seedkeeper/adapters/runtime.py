@@ -76,20 +76,23 @@ class RuntimeSettings(BaseSettings):
 def runtime_from(settings: RuntimeSettings, session: Session | None = None) -> SlotRuntime:
     """The runtime `settings` name; ECS's client from `session` (None: the process's)."""
     # The local stack's runtimes: on the developer's machine, never in Lambda.
-    if settings.runtime == "docker":
-        from seedkeeper_tools.local.docker import DockerRuntime  # noqa: PLC0415
+    try:
+        if settings.runtime == "docker":
+            from seedkeeper_tools.local.docker import DockerRuntime  # noqa: PLC0415
 
-        return DockerRuntime(
-            settings.data_dir, settings.slot_image, passthrough=settings.local_task_passthrough
-        )
-    if settings.runtime == "local":
-        from seedkeeper_tools.local.runtime import LocalRuntime  # noqa: PLC0415
+            return DockerRuntime(
+                settings.data_dir, settings.slot_image, passthrough=settings.local_task_passthrough
+            )
+        if settings.runtime == "local":
+            from seedkeeper_tools.local.runtime import LocalRuntime  # noqa: PLC0415
 
-        return LocalRuntime(
-            settings.data_dir,
-            slot_uids_from=settings.local_slot_uids_from,
-            passthrough=settings.local_task_passthrough,
-        )
+            return LocalRuntime(
+                settings.data_dir,
+                slot_uids_from=settings.local_slot_uids_from,
+                passthrough=settings.local_task_passthrough,
+            )
+    except ImportError as missing:  # the layer alone (`sam local invoke`): no local runtime
+        raise RuntimeUnavailable(f"the {settings.runtime} runtime is not installed") from missing
     if not (settings.cluster and settings.task_definition and settings.subnets):
         raise RuntimeUnavailable("ecs runtime needs cluster, task_definition and subnets")
     return EcsRuntime(aws.client(session or aws.session(), "ecs"), settings)

@@ -132,7 +132,12 @@ class Sweeper:
         return isinstance(self._lifecycle.write(RETIRE, record, stopped), Written)
 
     def _status(self, incarnation: str) -> TaskStatus:
-        return self._runtime().status(incarnation)
+        try:
+            runtime = self._runtime()
+        except RuntimeUnavailable:  # misconfigured, or not installed here: it knows nothing
+            logger.warning("slot runtime unavailable; task status unknown")
+            return TaskStatus.UNKNOWN
+        return runtime.status(incarnation)
 
     def _pay_debts(self, now: int) -> int:
         if self._snapshots is None:

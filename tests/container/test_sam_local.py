@@ -1,0 +1,149 @@
+"""`sam local invoke` against a running `seedkeeper local`: the functions as `sam build`
+makes them from the local template, run by the SAM CLI in the Lambda Python base image (the
+public one, or the stand-in images/lambda-python builds) with the runtime interface
+emulator SAM ships, pointed at the stack by the environment file `seedkeeper local
+--sam-env` writes, through the relay it serves.
+
+`sam build` runs once for the module; each test starts a stack and invokes one event. About
+35 s in all on two cores with pip's and Docker's caches warm: the build ~12 s, each invoke
+~7 s (SAM rebuilds its image with the layer, from Docker's cache, then the function starts
+cold); a first run on a fresh machine adds the downloads and the image's first build."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from botocore.credentials import Credentials
+
+from conftest import running_local_stack
+from seedkeeper.config import StoreSettings
+from seedkeeper.domain.outcomes import Cold
+from seedkeeper.domain.record import SlotRecord, Supported
+from seedkeeper_tools.client import SeedkeeperClient
+from seedkeeper_tools.infra import ROOT
+from seedkeeper_tools.local.stack import LocalStack
+from seedkeeper_tools.sam_env import serve_sam_env, write_local_template
+
+if TYPE_CHECKING:
+    from container.conftest import SamCli
+
+COLD_SLOT = "cold-slot-1"  # events/seed-cold.json's slot
+
+
+@pytest.fixture(autouse=True)
+def _needs_the_slot_image() -> None:
+    """Overrides the directory's: these run in the Lambda image, never the slot image."""
+
+
+@pytest.fixture(scope="module")
+def built(sam_cli: SamCli, lambda_image: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The functions and the layer, as `sam build` makes them from the local template."""
+    folder = tmp_path_factory.mktemp("sam")
+    write_local_template(folder / "template.json")
+    done = sam_cli.run(
+        "build",
+        "--template-file",
+        folder / "template.json",
+        "--build-dir",
+        folder / "build",
+        cwd=folder,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return folder / "build" / "template.yaml"
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[LocalStack]:
+    with running_local_stack(tmp_path) as local:
+        yield local
+
+
+@pytest.fixture
+def env_vars(stack: LocalStack, tmp_path: Path) -> Iterator[Path]:
+    """The environment file, as `seedkeeper local --sam-env` writes it, and its relay."""
+    path = tmp_path / "sam" / "env.json"
+    with serve_sam_env(path, dict(os.environ)):
+        assert path.stat().st_mode & 0o777 == 0o600  # it holds the store's keys
+        yield path
+
+
+def invoke(
+    sam_cli: SamCli, built: Path, env_vars: Path, stack: LocalStack, *, function: str, event: str
+) -> tuple[int, Any]:
+    """`sam local invoke` of events/<event>.json: the status and the JSON body answered."""
+    done = sam_cli.run(
+        "local",
+        "invoke",
+        function,
+        "--template",
+        built,
+        "--event",
+        ROOT / "events" / f"{event}.json",
+        "--env-vars",
+        env_vars,
+        "--skip-pull-image",  # the stand-in is no registry's: SAM must not pull over it
+        cwd=env_vars.parent,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert stack.store_credentials.secret_key not in done.stdout + done.stderr
+    answer = json.loads(done.stdout)
+    return answer["statusCode"], json.loads(answer["body"])
+
+
+def record(slot: str) -> SlotRecord:
+    classified = StoreSettings().lifecycle().read(slot)
+    assert isinstance(classified, Supported)
+    return classified.record
+
+
+def test_a_seed_in_the_lambda_image_answers_from_the_stacks_record_and_touches_it(
+    sam_cli: SamCli, built: Path, env_vars: Path, stack: LocalStack
+) -> None:
+    # Given a cold slot born through the stack's gateway (its runtime launched the task)
+    signing = Credentials(stack.credentials.access_key, stack.credentials.secret_key)
+    born = SeedkeeperClient(stack.url, credentials=signing).seed(COLD_SLOT, None)
+    assert isinstance(born, Cold)
+    before = record(COLD_SLOT)
+    polled_after = int(time.time())
+
+    # When events/seed-cold.json, the same request again, runs in the Lambda image
+    status, body = invoke(
+        sam_cli, built, env_vars, stack, function="SeedFunction", event="seed-cold"
+    )
+
+    # Then it answers from the stack's record, and its poll moved the idle deadline there
+    assert (status, body) == (
+        200,
+        {
+            "state": "unseeded",
+            "seeded": False,
+            "slot": COLD_SLOT,
+            "attempt": 1,
+            "incarnation": born.incarnation,
+        },
+    )
+    after = record(COLD_SLOT)
+    assert after.rev > before.rev
+    assert after.idle_deadline > before.idle_deadline
+    assert after.idle_deadline >= polled_after + stack.idle_window
+
+
+def test_a_receipt_in_the_lambda_image_reads_the_stacks_table(
+    sam_cli: SamCli, built: Path, env_vars: Path, stack: LocalStack
+) -> None:
+    # Given the stack's table holds no record of events/receipt.json's slot
+    # When the receipt event runs in the Lambda image
+    status, body = invoke(
+        sam_cli, built, env_vars, stack, function="ReceiptFunction", event="receipt"
+    )
+
+    # Then it answers what the table says, no match (a table it could not read: a 5xx)
+    assert (status, body) == (404, {"error": "no-match", "detail": None, "fields": []})
