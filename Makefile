@@ -89,6 +89,7 @@ bench: setup bench-packages ## Benchmark the restore against curl + unsquashfs +
 	$(BIN)/python benchmarks/imports.py
 	$(BIN)/python benchmarks/sweep.py
 	$(BIN)/python benchmarks/calls.py
+	$(BIN)/python benchmarks/container.py
 
 # nginx serves the benchmark's archives on loopback; curl is the baseline's downloader.
 .PHONY: bench bench-packages
