@@ -84,12 +84,16 @@ format: setup ## Apply ruff's fixes and formatting
 
 pr: lint test ## Everything a change must pass before it lands
 
-bench: setup bench-packages ## Benchmark the restore against curl + unsquashfs + git checkout (nginx on loopback)
+# The working-day soak runs SOAK_MINUTES (10: about 13 minutes in all; 1 for a quick look).
+SOAK_MINUTES ?= 10
+
+bench: setup bench-packages ## Benchmark the restore (nginx on loopback), imports, sweep, API calls, a container seed, a working day on the local stack
 	$(BIN)/python benchmarks/restore.py --sizes "1 GB" "300 MB"
 	$(BIN)/python benchmarks/imports.py
 	$(BIN)/python benchmarks/sweep.py
 	$(BIN)/python benchmarks/calls.py
 	$(BIN)/python benchmarks/container.py
+	$(BIN)/python benchmarks/soak.py --minutes $(SOAK_MINUTES)
 
 # nginx serves the benchmark's archives on loopback; curl is the baseline's downloader.
 .PHONY: bench bench-packages

@@ -21,6 +21,7 @@ from seedkeeper.domain.outcomes import Cold, NotSeeded, Seeded, Seeding
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.record import SeedFailed, State, Supported, slot_key
 from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper.store.sweep_index import SweepIndex
@@ -34,21 +35,17 @@ IMAGE_PYTHON = "/opt/seedkeeper/bin/python"
 
 
 @pytest.fixture
-def stack(
-    tmp_path: Path, aws_credentials: None, slot_image: str, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[LocalStack]:
-    with running_local_stack(tmp_path) as local:
-        monkeypatch.setenv("SEEDKEEPER_RUNTIME", "docker")
-        monkeypatch.setenv("SEEDKEEPER_SLOT_IMAGE", slot_image)
-        try:
-            yield local
-        finally:
-            DockerRuntime(local.data_dir, slot_image).stop_all()
+def stack(tmp_path: Path, aws_credentials: None, slot_image: str) -> Iterator[LocalStack]:
+    """`seedkeeper local --runtime docker`: its stop stops and removes every container."""
+    with running_local_stack(tmp_path, task_runtime="docker", slot_image=slot_image) as local:
+        yield local
 
 
 @pytest.fixture
-def runtime(stack: LocalStack, slot_image: str) -> DockerRuntime:
-    return DockerRuntime(stack.data_dir, slot_image)
+def runtime(stack: LocalStack) -> DockerRuntime:
+    runtime = stack.runtime
+    assert isinstance(runtime, DockerRuntime)
+    return runtime
 
 
 @pytest.fixture
@@ -306,3 +303,14 @@ def test_the_idle_sweep_stops_a_cold_container_and_keeps_a_seeded_one(
     assert record_of(stack, "cold-1").state is State.RETIRED
     assert runtime.status(seeded.incarnation or "") is TaskStatus.RUNNING
     assert record_of(stack, "seeded").state is State.SEEDED
+
+
+def test_a_stack_without_the_slot_image_says_so_at_start(
+    tmp_path: Path, aws_credentials: None
+) -> None:
+    with (
+        pytest.raises(RuntimeUnavailable, match="make image"),
+        running_local_stack(tmp_path, task_runtime="docker", slot_image="seedkeeper-none:absent"),
+    ):
+        pass
+    assert docker("ps", "--all", "--quiet", "--filter", "ancestor=seedkeeper-none:absent") == ""

@@ -60,7 +60,7 @@ def test_the_demo_scenario_over_signed_http(
         client.seed("slot-1", seed, claim=claim_for(seed, requester="mallory"), origin=ORIGIN)
     assert (taken.value.status, taken.value.reason) == (409, "claim-mismatch")
 
-    checkout = stack.runtime.workspace("slot-1") / CHECKOUT
+    checkout = stack.workspace("slot-1") / CHECKOUT
     (checkout / "WORK.md").write_text("unpublished\n")
     time.sleep(3)  # the idle window (2 s) passes
     report = stack.sweep()

@@ -40,6 +40,7 @@ from seedkeeper.domain.snapshots import Snapshot
 from seedkeeper.errors import SeedkeeperError
 from seedkeeper_tools.demo import run_demo
 from seedkeeper_tools.infra import create_table, load_template
+from seedkeeper_tools.local.docker import DEFAULT_IMAGE
 from seedkeeper_tools.local.gateway import LocalCredentials
 from seedkeeper_tools.local.stack import LocalStack
 from seedkeeper_tools.publish import publish
@@ -127,6 +128,15 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument("--data-dir", type=Path, default=Path(".seedkeeper"))
     local.add_argument("--sweep-interval", type=float, default=30.0, help="seconds")
     local.add_argument(
+        "--runtime",
+        choices=("process", "docker"),
+        default="process",
+        help="slot tasks as local processes, or as containers of the slot image (`make image`)",
+    )
+    local.add_argument(
+        "--slot-image", default=DEFAULT_IMAGE, help="the slot image, for --runtime docker"
+    )
+    local.add_argument(
         "--sam-env",
         type=Path,
         metavar="PATH",
@@ -157,6 +167,8 @@ def _local(args: argparse.Namespace) -> int:
         port=args.port,
         credentials=credentials,
         sweep_interval=args.sweep_interval,
+        task_runtime=args.runtime,
+        slot_image=args.slot_image,
     )
     stopping = threading.Event()
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
@@ -172,7 +184,7 @@ def _local(args: argparse.Namespace) -> int:
             stopping.wait()
     finally:
         stack.stop()
-    console.print("stopped: gateway, slot processes, moto")
+    console.print("stopped: gateway, slot tasks, store")
     return 0
 
 

@@ -133,7 +133,7 @@ class Demo:
 
         self.step("a receipt (no checkpoint yet: unknown, never a guess)", receipt)
         self.step("slot evidence (retained, never a stop permit)", evidence)
-        checkout = self.stack.runtime.workspace("demo-seeded") / CHECKOUT
+        checkout = self.stack.workspace("demo-seeded") / CHECKOUT
         (checkout / "UNPUBLISHED.md").write_text("work nobody has pushed yet\n")
 
         def sweep() -> tuple[str, bool]:

@@ -75,6 +75,15 @@ class DockerRuntime:
         # This data directory's containers (one stack's), by label and name prefix.
         self._stack = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:10]
 
+    def check(self) -> None:
+        """Raises RuntimeUnavailable, saying why, unless the engine answers and has the image."""
+        found = _docker(["docker", "image", "inspect", "--format", "{{.Id}}", self._image])
+        if found.returncode != 0:
+            why = _last_line(found.stderr)
+            if "No such image" in why:
+                why = f"no image {self._image}: build it with `make image`"
+            raise RuntimeUnavailable(f"docker: {why}")
+
     def launch(self, plan: SlotPlan) -> str:
         name = self._name(plan)
         environment = self._environment(plan, _PREFIX + name)

@@ -4,7 +4,12 @@ to the same handler module that runs in AWS.
 
 It refuses what a function URL refuses, and answers every refusal in JSON: a body framed
 any way but one decimal Content-Length that arrives in full, a repeated Host, any method
-before its signature is checked, and whatever Python's HTTP parser rejects."""
+before its signature is checked, and whatever Python's HTTP parser rejects.
+
+Requests are read, checked and answered by a thread each, but the functions run one
+invocation at a time, as in a Lambda execution environment: the handlers keep the invocation
+in process-wide state (Powertools' resolvers share the current event), so two at once could
+answer each other's requests."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import http.server
 import importlib.util
 import json
 import re
+import sys
 import threading
 import time
 import uuid
@@ -97,6 +103,8 @@ class FunctionUrlGateway(http.server.ThreadingHTTPServer):
         self.region = region  # a signature scoped to any other region is refused
         self.request_timeout = request_timeout
         self.handlers = {name: load_handler(name) for _, name in ROUTES}
+        self._one_invocation_at_a_time = threading.Lock()
+        self._stopping = False
         super().__init__((host, port), _Request)
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
 
@@ -110,9 +118,28 @@ class FunctionUrlGateway(http.server.ThreadingHTTPServer):
         return self
 
     def stop(self) -> None:
+        """Takes no more requests, then waits for the invocation under way: it may be
+        starting a slot task, which whoever stops the tasks next must find."""
         self.shutdown()
         self.server_close()
         self._thread.join()
+        with self._one_invocation_at_a_time:
+            self._stopping = True
+
+    def invoke(self, function: str, event: dict[str, Any], context: Any) -> dict[str, Any] | None:
+        """The function's answer; None once the gateway is stopping."""
+        with self._one_invocation_at_a_time:
+            return None if self._stopping else self.handlers[function](event, context)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away before its answer is one line, not a traceback."""
+        gone = sys.exception()
+        if isinstance(gone, ConnectionError):
+            logger.info(
+                "local gateway: a client went away before its answer", why=type(gone).__name__
+            )
+            return
+        super().handle_error(request, client_address)
 
     def route(self, path: str) -> str | None:
         for prefix, name in ROUTES:
@@ -180,7 +207,10 @@ class _Request(http.server.BaseHTTPRequestHandler):
             function_name=f"seedkeeper-{function}",
             aws_request_id=event["requestContext"]["requestId"],
         )
-        response = self.server.handlers[function](event, context)
+        response = self.server.invoke(function, event, context)
+        if response is None:
+            self._refuse(HTTPStatus.SERVICE_UNAVAILABLE)
+            return
         payload = response.get("body") or ""
         raw = base64.b64decode(payload) if response.get("isBase64Encoded") else payload.encode()
         self._send(response.get("statusCode", 200), response.get("headers", {}), raw)

@@ -10,20 +10,40 @@ and R2 would: requests SigV4-signed with them, in the Authorization header or as
 presigned URL (the local stack's store is on a loopback port its slot sandboxes can find).
 The body is read and checked before the one-at-a-time lock is taken, so a client that
 stalls or sends too much holds up only itself.
+
+Given an interval, it also does what DynamoDB's TTL does: it deletes the items whose TTL
+attribute has passed. Nothing of a request outlives it but its effect on the data: moto's
+dashboard would keep every item it ever built.
+
+`python -m seedkeeper_tools.local.motoserver` is the local stack's store process (`main`),
+where moto also does less work per request (`make_moto_cheaper`).
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import io
 import json
 import logging
+import os
+import signal
+import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from moto.core.model_instances import reset_model_data
+from moto.dynamodb.comparisons import ConditionExpressionParser
+from moto.dynamodb.models import DynamoDBBackend, dynamodb_backends
+from moto.dynamodb.models.dynamo_type import DynamoType
+from moto.dynamodb.models.table import Table
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
     MotoRequestHandler,
@@ -55,6 +75,8 @@ _ERROR_CODES = {
     HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "EntityTooLarge",
 }
 _RAW_HEADERS = "seedkeeper.raw_headers"
+# The transaction the store is running: moto copies each table it names, to roll it back.
+_TRANSACTION: ContextVar[list[dict[str, Any]] | None] = ContextVar("transaction", default=None)
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -67,17 +89,24 @@ class AtomicMotoServer:
         *,
         credentials: LocalCredentials | None = None,
         region: str = "us-east-1",
+        expire_every: float | None = None,
     ) -> None:
         """Without credentials any request is served (the test suite's own stores); with
-        them only signed ones, DynamoDB's for `region` and R2's for its one region."""
+        them only signed ones, DynamoDB's for `region` and R2's for its one region. With
+        `expire_every`, expired items are deleted every that many seconds."""
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
         app = DomainDispatcherApplication(create_backend_app)
-        one_at_a_time = threading.Lock()
+        self._one_at_a_time = threading.Lock()
 
         def atomic(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-            with one_at_a_time:
-                # Materialise the body inside the lock: the response is computed lazily.
-                return list(app(environ, start_response))
+            with self._one_at_a_time:
+                try:
+                    # Materialise the body inside the lock: the response is computed lazily.
+                    return list(app(environ, start_response))
+                finally:
+                    # moto keeps every model it builds (each item, each transaction's copy
+                    # of a table) for its dashboard: the store would grow with each request.
+                    reset_model_data()
 
         wsgi: WsgiApp = atomic
         handler: type[MotoRequestHandler] = MotoRequestHandler
@@ -87,7 +116,11 @@ class AtomicMotoServer:
         self._server: BaseWSGIServer = make_server(
             host, port, wsgi, threaded=True, request_handler=handler
         )
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._threads = [threading.Thread(target=self._server.serve_forever, daemon=True)]
+        self._stopping = threading.Event()
+        if expire_every is not None:
+            expiring = threading.Thread(target=self._expire, args=(expire_every,), daemon=True)
+            self._threads.append(expiring)
 
     @property
     def endpoint(self) -> str:
@@ -95,13 +128,155 @@ class AtomicMotoServer:
         return f"http://{host!s}:{port}"
 
     def start(self) -> AtomicMotoServer:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
         self._server.shutdown()
         self._server.server_close()
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
+
+    def _expire(self, every: float) -> None:
+        while not self._stopping.wait(every):
+            with self._one_at_a_time:
+                expire_items(time.time())
+
+
+def expire_items(now: float) -> None:
+    """Deletes what DynamoDB's TTL deletes, in every table whose TTL is enabled: each item
+    whose TTL attribute is a Number (epoch seconds) before `now`; an attribute of any other
+    type is ignored, as DynamoDB ignores it."""
+    backends = (backend for regions in dynamodb_backends.values() for backend in regions.values())
+    for backend in backends:
+        for table in backend.tables.values():
+            if table.ttl.get("TimeToLiveStatus") != "ENABLED":
+                continue
+            attribute = table.ttl["AttributeName"]
+            for item in table.all_items():
+                expires = item.attrs.get(attribute)
+                if expires is not None and expires.type == "N" and float(expires.value) < now:
+                    table.delete_item(item.hash_key, item.range_key)
+
+
+def make_moto_cheaper() -> None:
+    """The store's per-request work, cut where moto repeats itself: each request's
+    condition was lexed and parsed twice, and each transaction copied whole tables. Each
+    change keeps what moto answers; each counts on requests being atomic.
+
+    It changes moto's classes for the whole process: the local stack's store process only."""
+    _lex_each_condition_once()
+    _parse_each_condition_once_per_request()
+    _copy_only_what_transactions_touch()
+
+
+def _lex_each_condition_once() -> None:
+    """A condition's tokens depend on its text alone, and the stack sends a few dozen texts:
+    each is lexed once (lexing was most of parsing)."""
+    lex = ConditionExpressionParser._lex_condition_expression
+
+    @functools.lru_cache(maxsize=256)
+    def lexed(expression: str) -> tuple[Any, ...]:
+        return tuple(lex(ConditionExpressionParser(expression, None, None)))
+
+    def lex_once(parser: ConditionExpressionParser) -> deque[Any]:
+        assert parser.condition_expression is not None  # parse() lexes only a condition
+        return deque(lexed(parser.condition_expression))
+
+    ConditionExpressionParser._lex_condition_expression = lex_once  # type: ignore[method-assign,assignment]
+
+
+def _parse_each_condition_once_per_request() -> None:
+    """An update's condition is parsed to check its names and values are used, then again
+    to apply it: the second parse, of the same condition, names and values, reuses the
+    first's tree and what it found (requests being atomic, one at a time, one is kept)."""
+    parse = ConditionExpressionParser.parse
+    last: dict[str, Any] = {}  # what was asked, the tree, the names and values it found
+
+    def parse_once(parser: ConditionExpressionParser) -> Any:
+        asked = copy.deepcopy(
+            (
+                parser.condition_expression,
+                parser.expression_attribute_names,
+                parser.expression_attribute_values,
+            )
+        )
+        if last.get("asked") != asked:
+            tree = parse(parser)
+            last.update(
+                asked=asked,
+                tree=tree,
+                names=list(parser.expr_attr_names_found),
+                values=list(parser.expr_attr_values_found),
+            )
+            return tree
+        parser.expr_attr_names_found.extend(last["names"])
+        parser.expr_attr_values_found.extend(last["values"])
+        return last["tree"]
+
+    ConditionExpressionParser.parse = parse_once  # type: ignore[method-assign,assignment]
+
+
+def _copy_only_what_transactions_touch() -> None:
+    """moto rolls a failed transaction back to a deep copy of each table it names, made once
+    for each of its operations: with the thousands of records a day leaves in the lifecycle
+    table, every slot's birth copied the whole table twice, under the lock that makes each
+    request atomic. Requests being atomic, nothing but the transaction changes a table
+    meanwhile, so a copy that shares the items the transaction does not name, and copies
+    those it names, rolls it back exactly as well."""
+    transact = DynamoDBBackend.transact_write_items
+
+    def transact_write_items(
+        backend: DynamoDBBackend, transact_items: list[dict[str, Any]]
+    ) -> None:
+        running = _TRANSACTION.set(transact_items)
+        try:
+            transact(backend, transact_items)
+        finally:
+            _TRANSACTION.reset(running)
+
+    DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign,assignment]
+    Table.__deepcopy__ = _copy_for_rollback  # type: ignore[attr-defined]
+
+
+def _copy_for_rollback(table: Table, memo: dict[int, Any]) -> Table:
+    """The table as a rollback needs it: the running transaction's items copied, the others
+    shared. Outside a transaction (a backup), every item copied, as copy.deepcopy does."""
+    clone = copy.copy(table)
+    memo[id(table)] = clone
+    transaction = _TRANSACTION.get()
+    if transaction is None:
+        clone.__dict__.update(copy.deepcopy(table.__dict__, memo))
+        return clone
+    ranged = table.range_key_attr is not None
+    clone.items = defaultdict(dict)
+    for hash_value, rows in table.items.items():
+        clone.items[hash_value] = dict(rows) if ranged else rows
+    for hash_value, range_value in _keys_named(table, transaction):
+        if not ranged and hash_value in table.items:
+            clone.items[hash_value] = copy.deepcopy(table.items[hash_value])
+        elif ranged and range_value in table.items.get(hash_value, {}):
+            item = table.items[hash_value][range_value]
+            clone.items[hash_value][range_value] = copy.deepcopy(item)
+    return clone
+
+
+def _keys_named(
+    table: Table, transaction: list[dict[str, Any]]
+) -> Iterator[tuple[DynamoType, DynamoType | None]]:
+    """The (hash, range) keys of `table`'s items that the transaction's operations name."""
+    for operation in transaction:
+        for kind, request in operation.items():
+            key = request.get("Item" if kind == "Put" else "Key") or {}
+            if request.get("TableName") != table.name or table.hash_key_attr not in key:
+                continue
+            range_value = key.get(table.range_key_attr) if table.range_key_attr else None
+            yield (
+                DynamoType(key[table.hash_key_attr]),
+                DynamoType(range_value) if range_value is not None else None,
+            )
 
 
 class _BoundedRequestHandler(MotoRequestHandler):
@@ -226,3 +401,26 @@ def _refuse(
         [("Content-Type", content_type), ("Content-Length", str(len(body)))],
     )
     return [] if environ["REQUEST_METHOD"] == "HEAD" else [body]
+
+
+def main() -> None:
+    """The local stack's store process. Its settings come on stdin, one JSON object (the
+    store's keys are never in an argument: any user can read those); it writes its endpoint
+    to the descriptor its one argument names, and closes it; it serves until stdin closes,
+    as it does when the stack stops or dies."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the stack's to act on
+    settings = json.loads(sys.stdin.readline())
+    make_moto_cheaper()
+    server = AtomicMotoServer(
+        credentials=LocalCredentials(settings["access_key"], settings["secret_key"]),
+        region=settings["region"],
+        expire_every=settings["expire_every"],
+    ).start()
+    with os.fdopen(int(sys.argv[1]), "w") as ready:
+        ready.write(server.endpoint)
+    sys.stdin.read()
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()

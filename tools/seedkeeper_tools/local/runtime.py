@@ -2,7 +2,9 @@
 group) each, their workspaces and process records under the data directory. Chosen by
 `SEEDKEEPER_RUNTIME=local` (the local stack); never shipped to Lambda.
 
-Launching is idempotent per attempt: the incarnation file it keeps answers a retried launch.
+Launching is idempotent per attempt: the attempt's record is created exclusively (and
+locked until it names the process) before anything starts, so of two launches of one attempt,
+however close, one starts the task and the other answers the same incarnation.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import json
 import os
 import pwd
 import re
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +56,15 @@ LOCAL_TASK_ENVIRONMENT = (
     "SEEDKEEPER_DOWNLOAD_RETRIES",
     "SEEDKEEPER_SANDBOX_COMMAND",
 )
+
+
+# Slot tasks yield the CPU to the stack (ECS runs them on capacity of their own): a storm of
+# starting tasks must not starve the gateway and the store that answer the executors. They
+# yield to anything else busy on the machine too: a restore is slower there, never refused.
+TASK_NICENESS = 19
+# A stop sends SIGTERM, then SIGKILL to what is left after the grace period; this long after
+# that, a process that survived SIGKILL is given up on.
+KILL_WAIT = 5.0
 
 
 @dataclass(frozen=True)
@@ -89,29 +103,49 @@ class LocalRuntime:
     def launch(self, plan: SlotPlan) -> str:
         incarnation = f"local:{plan.slot}:{plan.attempt}"
         record = self._record(incarnation)
-        if record.exists():  # this attempt was launched already: the same task
+        claim = _create_locked(record)
+        if claim is None:  # this attempt was launched already, or is being: the same task
             return incarnation
+        with os.fdopen(claim, "w") as claimed:
+            try:
+                process = self._start(plan, incarnation, record.parent)
+            except BaseException:
+                record.unlink()  # nothing started: a later launch of the attempt may start it
+                raise
+            claimed.write(json.dumps({"pid": process.pid, "started": process.started}))
+        return incarnation
+
+    def _start(self, plan: SlotPlan, incarnation: str, folder: Path) -> _Process:
         workspace = self.workspace(plan.slot)
         workspace.mkdir(parents=True, exist_ok=True)
         # Searchable, not listable: a slot user reaches its own workspace by name.
-        for folder in (self._root, workspace.parent):
-            folder.chmod(0o711)
+        for searchable in (self._root, workspace.parent):
+            searchable.chmod(0o711)
         if os.geteuid() == 0:
-            for folder in let_slot_user_reach(workspace):
-                logger.warning("folder made searchable for the slot user", folder=str(folder))
-        log_path = record.parent / f"attempt-{plan.attempt}.log"
-        log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        process = subprocess.Popen(
-            self._command,
-            env=self._environment(plan, incarnation, workspace),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stop() ends all it started
+            for reached in let_slot_user_reach(workspace):
+                logger.warning("folder made searchable for the slot user", folder=str(reached))
+        log = os.open(
+            folder / f"attempt-{plan.attempt}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
         )
-        os.close(log)
-        record.write_text(json.dumps({"pid": process.pid, "started": _start_time(process.pid)}))
-        return incarnation
+        try:
+            process = subprocess.Popen(
+                self._command,
+                env=self._environment(plan, incarnation, workspace),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # A process group of its own, so a stop ends all it started; in the stack's
+                # session, so its scheduling group is the stack's and its niceness counts.
+                process_group=0,
+            )
+        finally:
+            os.close(log)
+        with contextlib.suppress(ProcessLookupError):  # it may have ended already
+            os.setpriority(os.PRIO_PROCESS, process.pid, TASK_NICENESS)
+        started = _Process(pid=process.pid, started=_start_time(process.pid))  # before the reap
+        # Waited for as soon as it ends, whoever stops it: no zombie is left behind.
+        threading.Thread(target=process.wait, name=f"reap-{incarnation}", daemon=True).start()
+        return started
 
     def slot_uid(self, slot: str) -> int | None:
         """The uid (and gid) of the slot's own user, once a root runtime gave it one."""
@@ -153,40 +187,37 @@ class LocalRuntime:
         process = self._process(incarnation)
         if process is None:
             return TaskStatus.UNKNOWN
-        alive = _start_time(process.pid) == process.started and not _is_zombie(process.pid)
-        return TaskStatus.RUNNING if alive else TaskStatus.STOPPED
+        return TaskStatus.RUNNING if _is_running(process) else TaskStatus.STOPPED
 
     def stop(self, incarnation: str, grace: float = 5.0) -> None:
         """SIGTERM to the task's process group, SIGKILL after `grace` seconds; returns once
         no process of the group is left (the task's children included), nor of the slot's
         own user (the sandbox leads its own session, and may have left it)."""
-        process = self._process(incarnation)
-        if process is None:
-            return
-        if self.status(incarnation) is TaskStatus.RUNNING:
-            self._end_group(process, grace)
-        uid = self.slot_uid(incarnation.split(":")[1])
-        if uid is not None and os.geteuid() == 0:
-            end_user_processes(uid)  # a container's end would end them all
-
-    def _end_group(self, process: _Process, grace: float) -> None:
-        for sent, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(process.pid, sent)
-            except ProcessLookupError:
-                return
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                _reap(process.pid)
-                if not _group_alive(process.pid):
-                    return
-                time.sleep(0.05)
+        self.stop_tasks([incarnation], grace)
 
     def stop_all(self) -> None:
         """Every task this data directory's runtime ever launched (a local stack's exit)."""
-        for record in sorted(self._root.glob("*/attempt-*.json")):
-            attempt = record.stem.removeprefix("attempt-")
-            self.stop(f"local:{record.parent.name}:{attempt}", grace=2.0)
+        records = sorted(self._root.glob("*/attempt-*.json"))
+        attempts = [
+            (record.parent.name, record.stem.removeprefix("attempt-")) for record in records
+        ]
+        self.stop_tasks([f"local:{slot}:{attempt}" for slot, attempt in attempts], grace=2.0)
+
+    def stop_tasks(self, incarnations: Iterable[str], grace: float) -> None:
+        """`stop` for many tasks at once: each is signalled in turn, then all are waited for
+        together, so stopping a hundred takes about as long as stopping one."""
+        launched = {
+            incarnation: process
+            for incarnation in incarnations
+            if (process := self._process(incarnation)) is not None
+        }
+        _end_groups([process for process in launched.values() if _is_running(process)], grace)
+        if os.geteuid() != 0:
+            return
+        slots = {incarnation.split(":")[1] for incarnation in launched}
+        given = {uid for uid in map(self.slot_uid, slots) if uid is not None}
+        for uid in given & _real_uids():  # one look at /proc, not one for each slot
+            end_user_processes(uid)  # a container's end would end them all
 
     def _record(self, incarnation: str) -> Path:
         _, slot, attempt = incarnation.split(":")
@@ -197,10 +228,15 @@ class LocalRuntime:
     def _process(self, incarnation: str) -> _Process | None:
         if not re.fullmatch(r"local:[A-Za-z0-9._-]+:\d+", incarnation):
             return None
-        record = self._record(incarnation)
-        if not record.exists():
+        try:
+            with self._record(incarnation).open() as record:
+                fcntl.flock(record, fcntl.LOCK_SH)  # a launch under way writes it first
+                text = record.read()
+        except FileNotFoundError:
             return None
-        fields = json.loads(record.read_text())
+        if not text:  # its launcher died before starting anything
+            return None
+        fields = json.loads(text)
         return _Process(pid=int(fields["pid"]), started=str(fields["started"]))
 
 
@@ -225,16 +261,74 @@ def _start_time(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def _group_alive(group: int) -> bool:
-    """Whether any process of the process group is still running (zombies are done)."""
+def _create_locked(path: Path) -> int | None:
+    """A descriptor of `path`, newly created and already locked (LOCK_EX), so no reader sees
+    it before its writer is done; None when `path` exists. Closing the descriptor unlocks."""
+    draft = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fcntl.flock(descriptor, fcntl.LOCK_EX)
+    try:
+        os.link(draft, path)  # fails if it exists: the one exclusive step
+    except FileExistsError:
+        os.close(descriptor)
+        return None
+    finally:
+        draft.unlink()
+    return descriptor
+
+
+def _is_running(process: _Process) -> bool:
+    return _start_time(process.pid) == process.started and not _is_zombie(process.pid)
+
+
+def _end_groups(processes: list[_Process], grace: float) -> None:
+    """SIGTERM to every group, then SIGKILL to those left after `grace` seconds; returns
+    once none is left, or KILL_WAIT seconds after the SIGKILL."""
+    left = {process.pid for process in processes}
+    for group in left:
+        # What it takes a task to stop, it does at the stack's priority, not the one it
+        # yielded to start (only root may raise it back: others stop at their own pace).
+        with contextlib.suppress(PermissionError, ProcessLookupError):
+            os.setpriority(os.PRIO_PGRP, group, 0)
+    for sent, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT)):
+        for group in left:
+            try:
+                os.killpg(group, sent)
+            except ProcessLookupError:
+                continue
+        deadline = time.monotonic() + wait
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left &= _live_groups()
+        if not left:
+            return
+
+
+def _live_groups() -> set[int]:
+    """The process groups that have a running process (zombies are done)."""
+    groups = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if fields[2] == str(group) and fields[0] != "Z":
-            return True
-    return False
+        if fields[0] != "Z":
+            groups.add(int(fields[2]))
+    return groups
+
+
+def _real_uids() -> set[int]:
+    """The real uid of every running process, read as `end_user_processes` reads it."""
+    uids = set()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            lines = status.read_text().splitlines()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in lines if ":" in line)
+        if not fields.get("State", "").strip().startswith("Z"):
+            uids.add(int(fields["Uid"].split()[0]))
+    return uids
 
 
 def _is_zombie(pid: int) -> bool:
@@ -242,9 +336,3 @@ def _is_zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
-
-
-def _reap(pid: int) -> None:
-    """A child of this process is only gone once waited for."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)

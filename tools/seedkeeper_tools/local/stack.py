@@ -1,10 +1,12 @@
 """`seedkeeper local`: all of Seedkeeper on one machine, no AWS account.
 
-An embedded moto server stands in for DynamoDB and for R2 (S3) and, like them, answers only
-requests signed with the store's keys (random for each start); the table and bucket are
-created from `template.yaml`; a function-URL gateway on 127.0.0.1 checks SigV4 and serves
-the same handlers as AWS; slot tasks run as local processes; a timer runs the idle sweep.
-Only configuration differs from a deployment: the environment this class sets.
+A moto server, in a process of its own, stands in for DynamoDB and for R2 (S3) and, like
+them, answers only requests signed with the store's keys (random for each start) and expires
+items by their TTL; the table and bucket are created from `template.yaml`; a function-URL
+gateway on 127.0.0.1 checks SigV4 and serves the same handlers as AWS, in this process;
+slot tasks run as local processes, or as containers of the slot image (`task_runtime`
+docker); a timer runs the idle sweep. Only configuration differs from a deployment: the
+environment this class sets.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import secrets
 import threading
 from pathlib import Path
+from typing import Literal
 
 import boto3
 
@@ -22,9 +25,10 @@ from seedkeeper.config import StoreSettings, sweeper_from_env
 from seedkeeper.observability import logger
 from seedkeeper.services.sweep import Report
 from seedkeeper_tools.infra import create_table, load_template
+from seedkeeper_tools.local.docker import DEFAULT_IMAGE, DockerRuntime
 from seedkeeper_tools.local.gateway import FunctionUrlGateway, LocalCredentials
-from seedkeeper_tools.local.motoserver import AtomicMotoServer
 from seedkeeper_tools.local.runtime import LocalRuntime
+from seedkeeper_tools.local.store import StoreProcess
 
 # The stack's one region: its AWS_DEFAULT_REGION, and the only scope the gateway accepts.
 REGION = "us-east-1"
@@ -39,18 +43,23 @@ class LocalStack:
         credentials: LocalCredentials,
         sweep_interval: float = 30.0,
         idle_window: int = 1800,
+        task_runtime: Literal["process", "docker"] = "process",
+        slot_image: str = DEFAULT_IMAGE,
     ) -> None:
         self.data_dir = data_dir.resolve()
+        self.task_runtime = task_runtime
+        self.slot_image = slot_image
         self.port = port
         self.credentials = credentials
         self.sweep_interval = sweep_interval
         self.idle_window = idle_window
-        self._moto: AtomicMotoServer | None = None
+        self._store: StoreProcess | None = None
         self._gateway: FunctionUrlGateway | None = None
         self._stopping = threading.Event()
         self._sweeper: threading.Thread | None = None
         self._saved: dict[str, str | None] = {}
-        # moto's state is per process: a fresh name keeps two stacks in one process apart.
+        # The table's and the bucket's name: fresh for each stack, so that nothing one
+        # stack wrote is ever read as another's.
         self.name = f"seedkeeper-local-{secrets.token_hex(4)}"
         # The store's keys, for DynamoDB and R2 alike: new for each stack, so that a slot's
         # sandbox, which finds the store's port but holds no key, cannot guess them.
@@ -64,12 +73,25 @@ class LocalStack:
         return self._gateway.url
 
     @property
-    def runtime(self) -> LocalRuntime:
+    def runtime(self) -> LocalRuntime | DockerRuntime:
+        """Where this stack's slot tasks run: the one place its runtime is built."""
+        if self.task_runtime == "docker":
+            return DockerRuntime(self.data_dir, self.slot_image)
         return LocalRuntime(self.data_dir)
 
+    def workspace(self, slot: str) -> Path:
+        """A slot task's workspace on this machine: the process runtime's (a container's
+        is inside the container, as a Fargate task's is)."""
+        runtime = self.runtime
+        if not isinstance(runtime, LocalRuntime):
+            raise TypeError("a container's workspace is inside the container")
+        return runtime.workspace(slot)
+
     def start(self) -> LocalStack:
-        self._moto = AtomicMotoServer(credentials=self.store_credentials, region=REGION).start()
-        self._configure(self._moto.endpoint)
+        if isinstance(self.runtime, DockerRuntime):
+            self.runtime.check()  # no engine, no image: say so now, not at the first seed
+        self._store = StoreProcess(self.store_credentials, region=REGION).start()
+        self._configure(self._store.endpoint)
         store = StoreSettings()
         create_table(
             aws.client(
@@ -91,15 +113,17 @@ class LocalStack:
         return sweeper_from_env().sweep()
 
     def stop(self) -> None:
-        """Stops everything it started: the timer, the gateway, every slot process, moto."""
+        """Stops everything it started: the gateway (once the invocation under way is done:
+        it may be launching a task), every slot task at once, the timer (a sweep under way
+        then finds its slots stopped; its writes still reach the store), the store."""
         self._stopping.set()
-        if self._sweeper is not None:
-            self._sweeper.join()
         if self._gateway is not None:
             self._gateway.stop()
         self.runtime.stop_all()
-        if self._moto is not None:
-            self._moto.stop()
+        if self._sweeper is not None:
+            self._sweeper.join()
+        if self._store is not None:
+            self._store.stop()
         for name, value in self._saved.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -122,7 +146,8 @@ class LocalStack:
             "SEEDKEEPER_R2_ENDPOINT": endpoint,
             "SEEDKEEPER_R2_ACCESS_KEY_ID": store.access_key,
             "SEEDKEEPER_R2_SECRET_ACCESS_KEY": store.secret_key,
-            "SEEDKEEPER_RUNTIME": "local",
+            "SEEDKEEPER_RUNTIME": "docker" if self.task_runtime == "docker" else "local",
+            "SEEDKEEPER_SLOT_IMAGE": self.slot_image,
             "SEEDKEEPER_DATA_DIR": str(self.data_dir),
             "SEEDKEEPER_IDLE_WINDOW": str(self.idle_window),
         }
