@@ -5,6 +5,7 @@ ends is waited for at once (no zombie)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -17,7 +18,7 @@ from pydantic import SecretStr
 from seedkeeper.domain.opwindow import Actor, OpRef
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.runtime import TaskStatus
-from seedkeeper_tools.local.runtime import LocalRuntime
+from seedkeeper_tools.local.runtime import LocalRuntime, _end_groups, _Process
 
 SLEEPER = (sys.executable, "-c", "import time; time.sleep(600)")
 LAUNCHERS = 8  # launches of one attempt at once: a client's retries, many gateway threads
@@ -134,3 +135,22 @@ def test_a_task_that_ends_is_waited_for_at_once(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, f"{pid} is a zombie: nobody waited for it"
             time.sleep(0.05)
     assert runtime.status("local:ends:1") is TaskStatus.STOPPED
+
+
+def test_a_stop_never_signals_a_process_that_reused_a_stopped_groups_number(
+    tmp_path: Path,
+) -> None:
+    """A task's group ends while its stop still waits; the machine gives the leader's pid to
+    an unrelated process, which leads a group of the same number. The stop must not end it
+    (the suite's own churn did this on a 32,768-pid machine)."""
+    # Given an unrelated process leading its own group, under a number a stop still holds
+    unrelated = subprocess.Popen(SLEEPER, process_group=0)
+    try:
+        ended = _Process(pid=unrelated.pid, started="0")  # the number's former owner
+        # When the stop waits out its grace and sends SIGKILL to what it thinks is left
+        _end_groups([ended], grace=0.2)
+        # Then the unrelated process was never signalled
+        assert unrelated.poll() is None
+    finally:
+        unrelated.kill()
+        unrelated.wait()

@@ -284,37 +284,42 @@ def _is_running(process: _Process) -> bool:
 def _end_groups(processes: list[_Process], grace: float) -> None:
     """SIGTERM to every group, then SIGKILL to those left after `grace` seconds; returns
     once none is left, or KILL_WAIT seconds after the SIGKILL."""
-    left = {process.pid for process in processes}
+    left = {process.pid: process.started for process in processes}
     for group in left:
         # What it takes a task to stop, it does at the stack's priority, not the one it
         # yielded to start (only root may raise it back: others stop at their own pace).
         with contextlib.suppress(PermissionError, ProcessLookupError):
             os.setpriority(os.PRIO_PGRP, group, 0)
     for sent, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT)):
-        for group in left:
-            try:
+        for group in _still_ours(left):
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(group, sent)
-            except ProcessLookupError:
-                continue
         deadline = time.monotonic() + wait
         while left and time.monotonic() < deadline:
             time.sleep(0.05)
-            left &= _live_groups()
+            left = {group: left[group] for group in _still_ours(left)}
         if not left:
             return
 
 
-def _live_groups() -> set[int]:
-    """The process groups that have a running process (zombies are done)."""
-    groups = set()
+def _still_ours(groups: dict[int, str]) -> set[int]:
+    """The groups (leader pid → its start time) that still have a running process. A group's
+    number is free again once its last member is gone: a new process given that pid leads
+    a group of the same number, which is not ours (its start time differs), and nothing of
+    ours is left in it (Linux never reuses a pid a live group still uses)."""
+    members: set[int] = set()
+    imposters: set[int] = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if fields[0] != "Z":
-            groups.add(int(fields[2]))
-    return groups
+        pid, group = int(stat.parent.name), int(fields[2])
+        if pid in groups and fields[19] != groups[pid]:
+            imposters.add(pid)
+        elif fields[0] != "Z":
+            members.add(group)
+    return (members & set(groups)) - imposters
 
 
 def _real_uids() -> set[int]:
