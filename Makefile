@@ -13,11 +13,15 @@ help: ## List the targets
 
 setup: system-packages $(STAMP) ## Create .venv with the project and its dev tools; install git and squashfs-tools if missing
 
-# git and squashfs-tools are system tools the slot task and the tests run for real.
-system-packages:
+# Installs the Debian packages of the commands missing here (with apt-get, as root), or
+# says which to install: $(call apt-packages,command:package ...). /usr/sbin counts too:
+# a user's PATH may not have it.
+define apt-packages
 	@missing=""; \
-	command -v git >/dev/null || missing="$$missing git"; \
-	command -v unsquashfs >/dev/null || missing="$$missing squashfs-tools"; \
+	for wanted in $(1); do \
+	  command -v "$${wanted%%:*}" >/dev/null || test -x "/usr/sbin/$${wanted%%:*}" \
+	    || missing="$$missing $${wanted##*:}"; \
+	done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing$$missing with apt-get"; \
@@ -26,6 +30,11 @@ system-packages:
 	    echo "please install:$$missing (apt-get needs root here)" >&2; exit 1; \
 	  fi; \
 	fi
+endef
+
+# git and squashfs-tools are system tools the slot task and the tests run for real.
+system-packages:
+	$(call apt-packages,git:git unsquashfs:squashfs-tools)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,17 +53,7 @@ image: setup docker-packages ## Build the slot task image (needs a running Docke
 
 # Docker's engine and debootstrap (for the Debian-made base), from Debian's packages.
 docker-packages:
-	@missing=""; \
-	command -v dockerd >/dev/null || missing="$$missing docker.io"; \
-	command -v debootstrap >/dev/null || test -x /usr/sbin/debootstrap || missing="$$missing debootstrap"; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing$$missing with apt-get"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	  else \
-	    echo "please install:$$missing (apt-get needs root here)" >&2; exit 1; \
-	  fi; \
-	fi
+	$(call apt-packages,dockerd:docker.io debootstrap:debootstrap)
 
 demo: setup ## Run the whole protocol locally (local stack, real git, real slot tasks), checked step by step
 	$(BIN)/seedkeeper demo
@@ -98,17 +97,7 @@ bench: setup bench-packages ## Benchmark the restore (nginx on loopback), import
 # nginx serves the benchmark's archives on loopback; curl is the baseline's downloader.
 .PHONY: bench bench-packages
 bench-packages:
-	@missing=""; \
-	command -v nginx >/dev/null || test -x /usr/sbin/nginx || missing="$$missing nginx"; \
-	command -v curl >/dev/null || missing="$$missing curl"; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing$$missing with apt-get"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	  else \
-	    echo "please install:$$missing (apt-get needs root here)" >&2; exit 1; \
-	  fi; \
-	fi
+	$(call apt-packages,nginx:nginx curl:curl)
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
