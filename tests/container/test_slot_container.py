@@ -100,10 +100,8 @@ def test_a_seed_runs_end_to_end_in_the_slot_container(
     repo = make_repository(tmp_path)
     seed = publish(client, repo, tmp_path / "scratch")
     claim = claim_for(seed)
-    started = time.monotonic()
     seeded = client.seed("slot-1", seed, claim=claim, origin=ORIGIN, wait=True, timeout=120)
     assert isinstance(seeded, Seeded), seeded
-    print(f"container seed: {time.monotonic() - started:.2f} s, task steps {seeded.steps}")
     name = container(seeded.incarnation)
     assert runtime.status(seeded.incarnation or "") is TaskStatus.RUNNING
 
