@@ -111,3 +111,23 @@ def test_another_runtimes_incarnation_is_unknown_without_asking_docker(
         assert runtime.status(incarnation) is TaskStatus.UNKNOWN
         runtime.stop(incarnation)
     assert not calls.exists()
+
+
+def test_a_container_that_exists_but_cannot_start_is_unavailable_not_a_task(
+    calls: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retried launch finds the attempt's container created but never started (the first
+    `docker run` died between create and start); a start Docker refuses is no task."""
+    folder = Path(os.environ["PATH"].split(os.pathsep)[0])
+    (folder / "docker").write_text(
+        FAKE_DOCKER.replace(
+            'answer = os.environ.get("FAKE_DOCKER_ANSWER", "")',
+            'answer = {"run": "Conflict. The container name is already in use",'
+            ' "start": "Error: cannot start"}.get(sys.argv[1], "")\n'
+            'if sys.argv[1] == "inspect":\n    print("created"); sys.exit(0)',
+        )
+    )
+    with pytest.raises(RuntimeUnavailable, match="docker start"):
+        DockerRuntime(tmp_path).launch(plan())
+    asked = [call["argv"] for call in recorded(calls)]
+    assert [argv[0] for argv in asked if isinstance(argv, list)] == ["run", "inspect", "start"]

@@ -103,7 +103,9 @@ class DockerRuntime:
                 raise RuntimeUnavailable(f"docker run: {_last_line(result.stderr)}")
             # This attempt's container exists: the same task (started unless it never was).
             if self._state(name) == "created":
-                _docker(["docker", "start", name])
+                started = _docker(["docker", "start", name])
+                if started.returncode != 0:  # no task runs: the launch stays open
+                    raise RuntimeUnavailable(f"docker start: {_last_line(started.stderr)}")
         return _PREFIX + name
 
     def status(self, incarnation: str) -> TaskStatus:
