@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar
@@ -29,7 +30,7 @@ T = TypeVar("T")
 
 @pytest.fixture
 def http_table(moto_endpoint: str, aws_credentials: None) -> Table:
-    name = f"race-{threading.get_ident()}-{id(object())}"
+    name = f"race-{uuid.uuid4().hex}"  # ids of live objects recur within a process
     config = Config(max_pool_connections=THREADS * 2, retries={"mode": "standard"})
     create_table(
         boto3.client("dynamodb", endpoint_url=moto_endpoint, config=config), name, load_template()
