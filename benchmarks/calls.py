@@ -36,7 +36,7 @@ from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain import transitions
-from seedkeeper.domain.checkpoints import IdleSettings, new_checkpoint
+from seedkeeper.domain.checkpoints import RetentionSettings, new_checkpoint
 from seedkeeper.domain.models import OwnerClaim, SeedIdentity
 from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.outcomes import Seeded
@@ -205,7 +205,7 @@ def record_checkpoint(r2: R2, root: Path, slot: str, owner: OwnerClaim, incarnat
     archive.write_bytes(body)
     facts = r2.upload(f"checkpoints/{slot}/1.sqsh", archive)
     checkpoint = new_checkpoint(
-        IdleSettings(),
+        RetentionSettings(),
         key=facts.key,
         size=facts.size,
         etag=facts.etag,

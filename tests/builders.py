@@ -81,14 +81,16 @@ def record_in(state: State, slot: str = "slot-1") -> SlotRecord:
             transitions.Launched(incarnation=INCARNATION, launch=birth.entry.ref, now=NOW),
         )
     ).record
-    if state in {State.SEEDED, State.SEED_FAILED}:
-        verdict = success() if state is State.SEEDED else failure()
+    if state in {State.SEEDED, State.SEED_FAILED, *CHECKPOINT_PATH}:
+        verdict = failure() if state is State.SEED_FAILED else success()
         record = changed(
             transitions.SETTLE_SEED.decide(
                 record,
                 transitions.Verdict(attempt=1, restore=birth.entry.ref, result=verdict, now=NOW),
             )
         ).record
+    if state in CHECKPOINT_PATH:
+        record = checkpointed_to(record, state, decide=_decided)
     if state in {State.CLOSING, State.RETIRED}:
         closing = changed(transitions.FENCE.decide(record, transitions.At(now=EXPIRED)))
         record = closing.record
@@ -103,6 +105,35 @@ def record_in(state: State, slot: str = "slot-1") -> SlotRecord:
                 )
             ).record
     assert record.state is state
+    return record
+
+
+# The states a seeded slot passes through on its way to being parked, in order.
+CHECKPOINT_PATH = (State.CHECKPOINTING, State.CHECKPOINTED, State.PARKED)
+
+
+def _decided(transition: Any, record: SlotRecord, params: Any) -> tuple[SlotRecord, Any]:
+    change = changed(transition.decide(record, params))
+    return change.record, change.entry
+
+
+def checkpointed_to(record: SlotRecord, state: State, *, decide: Any) -> SlotRecord:
+    """A seeded `record` taken along the checkpoint path to `state` by `decide(transition,
+    record, params) -> (record, entry)`: the pure decision, or a store's write."""
+    record, upload = decide(transitions.REQUEST_CHECKPOINT, record, transitions.At(now=EXPIRED))
+    if state is State.CHECKPOINTING:
+        return record
+    made = checkpoint(key=f"checkpoints/{record.slot}/1.sqsh", incarnation=record.incarnation)
+    record, _ = decide(
+        transitions.RECORD_CHECKPOINT,
+        record,
+        transitions.Uploaded(checkpoint=made, upload=upload.ref, now=EXPIRED),
+    )
+    if state is State.CHECKPOINTED:
+        return record
+    record, stop = decide(transitions.FENCE_PARK, record, transitions.At(now=EXPIRED))
+    parked = transitions.Parked(stop=stop.ref, now=EXPIRED, expires_at=made.expires_at + 86_400)
+    record, _ = decide(transitions.PARK, record, parked)
     return record
 
 
@@ -152,8 +183,8 @@ def stored_in(
             ),
         )
     )
-    if state in {State.SEEDED, State.SEED_FAILED}:
-        verdict = success() if state is State.SEEDED else failure()
+    if state in {State.SEEDED, State.SEED_FAILED, *CHECKPOINT_PATH}:
+        verdict = failure() if state is State.SEED_FAILED else success()
         record = written(
             lifecycle.write(
                 transitions.SETTLE_SEED,
@@ -161,6 +192,14 @@ def stored_in(
                 transitions.Verdict(attempt=1, restore=first, result=verdict, now=NOW),
             )
         )
+    if state in CHECKPOINT_PATH:
+
+        def write(transition: Any, record: SlotRecord, params: Any) -> tuple[SlotRecord, Any]:
+            outcome = lifecycle.write(transition, record, params)
+            assert isinstance(outcome, Written), outcome
+            return outcome.record, outcome.entry
+
+        record = checkpointed_to(record, state, decide=write)
     if state is State.CLOSING:
         record = written(lifecycle.write(transitions.FENCE, record, transitions.At(now=EXPIRED)))
     return record

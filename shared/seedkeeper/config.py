@@ -19,6 +19,7 @@ from seedkeeper.adapters import aws
 from seedkeeper.adapters.clock import epoch_seconds
 from seedkeeper.adapters.r2 import R2, R2Settings, transfer_mode
 from seedkeeper.adapters.runtime import RuntimeSettings, runtime_from
+from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.store.lifecycle import Lifecycle
 
 # Each factory imports the service it builds when it is called: a function imports only
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from boto3.session import Session
     from mypy_boto3_dynamodb.service_resource import Table
 
+    from seedkeeper.services.checkpoints import CheckpointService
     from seedkeeper.services.receipts import Witness
     from seedkeeper.services.rotation import Snapshots
     from seedkeeper.services.seed import SeedService, SeedSettings
@@ -124,6 +126,25 @@ def witness(store: StoreSettings, r2: R2Settings, session: Session) -> Witness:
 
 def witness_from_env() -> Witness:
     return witness(StoreSettings(), R2Settings(), aws.session())
+
+
+@cache
+def checkpoint_service(
+    store: StoreSettings, r2: R2Settings, retention: RetentionSettings, session: Session
+) -> CheckpointService:
+    from seedkeeper.services.checkpoints import CheckpointService
+
+    return CheckpointService(
+        lifecycle=Lifecycle(store.table_resource(session)),
+        r2=r2_if_configured(r2, session),
+        settings=retention,
+        presign_expiry=r2.presign_expiry,
+        clock=epoch_seconds,
+    )
+
+
+def checkpoint_service_from_env() -> CheckpointService:
+    return checkpoint_service(StoreSettings(), R2Settings(), RetentionSettings(), aws.session())
 
 
 @cache

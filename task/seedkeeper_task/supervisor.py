@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Literal
@@ -58,6 +58,7 @@ from seedkeeper_task.sandbox import (
     start,
 )
 from seedkeeper_task.slot_user import SlotUser, slot_user
+from seedkeeper_task.watch import Watcher, WatchSettings
 
 CHECKOUT = "checkout"
 HOME = "home"  # the sandbox's HOME, the slot user's, emptied before each run
@@ -81,6 +82,14 @@ class TaskSettings(BaseSettings):
     slot_uid: int | None = None
     slot_gid: int | None = None
     sandbox_command: tuple[str, ...] = ()  # argv (JSON list); empty: wait until stopped
+    # The checkpoint (DESIGN §10): the function's URL, how often the record is read (a poll
+    # waits on the frozen interval), and the bounds of one capture and one upload.
+    checkpoint_url: str | None = None
+    watch_interval: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    frozen_watch_interval: Annotated[float, Field(gt=0, le=60)] = 2.0
+    checkpoint_timeout: Annotated[float, Field(gt=0)] = 600.0  # the capture
+    upload_timeout: Annotated[float, Field(gt=0)] = 60.0  # no byte moving for this long
+    checkpoint_attempts: Annotated[int, Field(ge=1, le=10)] = 3
 
     def slot_user(self) -> SlotUser | None:
         return slot_user(self.slot_uid, self.slot_gid)
@@ -125,6 +134,23 @@ class SlotTask:
         self.checkout = self.workspace / CHECKOUT
         self.state_dir = self.workspace / STATE_DIR
         self.steps: dict[str, int] = {}
+        self.watcher = Watcher(
+            WatchSettings(
+                slot=plan.slot,
+                attempt=plan.attempt,
+                checkout=self.checkout,
+                state_dir=self.state_dir,
+                user=settings.slot_user(),
+                checkpoint_url=settings.checkpoint_url,
+                watch_interval=settings.watch_interval,
+                frozen_watch_interval=settings.frozen_watch_interval,
+                capture_timeout=settings.checkpoint_timeout,
+                upload_timeout=settings.upload_timeout,
+                attempts=settings.checkpoint_attempts,
+            ),
+            lifecycle,
+            stop,
+        )
 
     # -- the restore ---------------------------------------------------------------
 
@@ -380,9 +406,11 @@ class SlotTask:
     # -- after the restore -----------------------------------------------------------
 
     def run_sandbox(self) -> int:
+        """Run the sandbox command (or, with none, wait) until it ends or the task is
+        stopped, watching the record meanwhile (`watch.Watcher`)."""
         command = self.settings.sandbox_command
         if not command:
-            self.stop.wait()  # stays alive until stopped
+            self._watch(lambda: False)
             return 0
         user = self.settings.slot_user()
         if user is None:
@@ -394,16 +422,30 @@ class SlotTask:
         except OSError as unstartable:
             logger.warning("sandbox not started", why=type(unstartable).__name__)
             return 127  # as a shell answers a command it cannot run
+        self.watcher.sandbox_group = process.pid  # the leader of its own session
         relay = relay_output(process, lambda line: logger.info("sandbox output", line=line))
         try:
-            while process.poll() is None:
-                if self.stop.wait(0.2):
-                    return end(process)
+            if self._watch(lambda: process.poll() is not None):
+                # Frozen, nothing may change after the capture: no grace to act on SIGTERM.
+                return end(process, 0) if self.watcher.frozen else end(process)
             return process.returncode
         finally:
             if user is not None:
                 end_user_processes(user.uid)  # what left its session ends with it
             relay.join(timeout=2)
+
+    def _watch(self, ended: Callable[[], bool]) -> bool:
+        """Look at the record every watch interval until `ended()` or the task is stopped
+        (True: stopped). Only a slot that was seeded here is ever checkpointed."""
+        seeded = self.plan.binding.seed is not None and self.checkout.exists()
+        next_look = time.monotonic() + self.watcher.interval()
+        while not ended():
+            if self.stop.wait(0.2):
+                return True
+            if seeded and time.monotonic() >= next_look:
+                self.watcher.look()
+                next_look = time.monotonic() + self.watcher.interval()
+        return False
 
 
 def task_store() -> tuple[Lifecycle, SnapshotStore]:

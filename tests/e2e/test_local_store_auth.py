@@ -274,8 +274,8 @@ def test_the_stacks_own_calls_still_go_through(store: Store, tmp_path: Path) -> 
     facts = store.r2.upload(key, big)
     assert facts.size == big.stat().st_size
     assert store.r2.head(key) == facts
-    store.r2.apply_lifecycle()
-    assert store.r2.lifecycle_problems() == []
+    store.r2.apply_lifecycle(31)
+    assert store.r2.lifecycle_problems(31) == []
     assert store.r2.delete([key, ARCHIVE]).failed == ()
     assert store.r2.head(key) is None
     record = store.table.get_item(Key=slot_key(VICTIM), ConsistentRead=True)["Item"]

@@ -112,11 +112,48 @@ def closing(lifecycle: Lifecycle) -> SlotRecord:
 
 
 def with_upload(lifecycle: Lifecycle) -> SlotRecord:
+    """Asked to checkpoint by the sweep: `checkpointing`, the slot task's op open."""
+    return written(
+        lifecycle.write(transitions.REQUEST_CHECKPOINT, seeded(lifecycle), transitions.At(EXPIRED))
+    )
+
+
+def frozen(lifecycle: Lifecycle) -> SlotRecord:
+    record = with_upload(lifecycle)
+    freezing = transitions.Freezing(attempt=1, op=record.window.entries[-1].ref, now=NOW)
+    return written(lifecycle.write(transitions.FREEZE, record, freezing))
+
+
+def checkpointed(lifecycle: Lifecycle) -> SlotRecord:
+    record = frozen(lifecycle)
+    return written(
+        lifecycle.write(
+            transitions.RECORD_CHECKPOINT,
+            record,
+            transitions.Uploaded(
+                checkpoint=checkpoint(), upload=record.window.entries[-1].ref, now=NOW
+            ),
+        )
+    )
+
+
+def closing_to_park(lifecycle: Lifecycle) -> SlotRecord:
+    record = checkpointed(lifecycle)
+    return written(lifecycle.write(transitions.FENCE_PARK, record, transitions.At(EXPIRED)))
+
+
+def thawed_by_a_poll(lifecycle: Lifecycle) -> SlotRecord:
+    record = frozen(lifecycle)
+    poll = transitions.Poll(record.binding, now=NOW, idle_deadline=EXPIRED + IDLE)
+    return written(lifecycle.write(transitions.THAW, record, poll))
+
+
+def with_launch(lifecycle: Lifecycle) -> SlotRecord:
     return written(
         lifecycle.write(
             transitions.RESERVE,
             seeded(lifecycle),
-            transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+            transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SEED_FN, now=NOW),
         )
     )
 
@@ -160,6 +197,54 @@ TRANSITIONS: dict[str, Transition] = {
             transitions.Uploaded(checkpoint=checkpoint(), upload=r.window.entries[-1].ref, now=NOW),
         ),
     ),
+    "request_checkpoint": (
+        seeded,
+        lambda lc, r: lc.write(transitions.REQUEST_CHECKPOINT, r, transitions.At(now=EXPIRED)),
+    ),
+    "freeze": (
+        with_upload,
+        lambda lc, r: lc.write(
+            transitions.FREEZE,
+            r,
+            transitions.Freezing(attempt=1, op=r.window.entries[-1].ref, now=NOW),
+        ),
+    ),
+    "thaw": (
+        frozen,
+        lambda lc, r: lc.write(
+            transitions.THAW, r, transitions.Poll(r.binding, now=NOW, idle_deadline=EXPIRED)
+        ),
+    ),
+    "thawed": (
+        thawed_by_a_poll,
+        lambda lc, r: lc.write(
+            transitions.THAWED,
+            r,
+            transitions.Thawed(attempt=1, op=r.window.entries[-1].ref, now=NOW),
+        ),
+    ),
+    "checkpoint_failed": (
+        frozen,
+        lambda lc, r: lc.write(
+            transitions.CHECKPOINT_FAILED,
+            r,
+            transitions.CheckpointFailed(op=r.window.entries[-1].ref, reason="http-403", now=NOW),
+        ),
+    ),
+    "fence_park": (
+        checkpointed,
+        lambda lc, r: lc.write(transitions.FENCE_PARK, r, transitions.At(now=EXPIRED)),
+    ),
+    "park": (
+        closing_to_park,
+        lambda lc, r: lc.write(
+            transitions.PARK,
+            r,
+            transitions.Parked(
+                stop=r.window.entries[-1].ref, now=EXPIRED, expires_at=EXPIRED + 30 * 86_400
+            ),
+        ),
+    ),
     "reserve": (
         seeded,
         lambda lc, r: lc.write(
@@ -169,11 +254,11 @@ TRANSITIONS: dict[str, Transition] = {
         ),
     ),
     "settle": (
-        with_upload,
+        with_launch,
         lambda lc, r: lc.write(
             transitions.SETTLE,
             r,
-            transitions.Settlement(ref=r.window.entries[-1].ref, outcome="abandoned", now=NOW),
+            transitions.Settlement(ref=r.window.entries[-1].ref, outcome="launched", now=NOW),
         ),
     ),
 }
@@ -485,16 +570,16 @@ def test_a_checkpoint_of_another_owner_is_refused(lifecycle: Lifecycle, table: T
             now=NOW,
         ),
     )
-    assert outcome == Refused("checkpoint-owner-mismatch")
+    assert outcome == Refused("claim-mismatch")
     assert stored(table) == item
 
 
 def test_a_duplicate_settle_writes_nothing(lifecycle: Lifecycle, table: Table) -> None:
-    record = with_upload(lifecycle)
+    record = with_launch(lifecycle)
     ref = record.window.entries[-1].ref
     settled = written(
         lifecycle.write(
-            transitions.SETTLE, record, transitions.Settlement(ref=ref, outcome="uploaded", now=NOW)
+            transitions.SETTLE, record, transitions.Settlement(ref=ref, outcome="launched", now=NOW)
         )
     )
     item = stored(table)
@@ -503,7 +588,23 @@ def test_a_duplicate_settle_writes_nothing(lifecycle: Lifecycle, table: Table) -
     )
     assert isinstance(again, Acknowledged)
     assert again.entry is not None
-    assert again.entry.outcome == "uploaded"
+    assert again.entry.outcome == "launched"
+    assert stored(table) == item
+
+
+def test_a_checkpoint_op_is_never_settled_without_its_state(
+    lifecycle: Lifecycle, table: Table
+) -> None:
+    """A checkpoint left `checkpointing` with no op open would wait forever: only the
+    transitions that also move the state (or the frozen mark) may settle it."""
+    record = with_upload(lifecycle)
+    item = stored(table)
+    outcome = lifecycle.write(
+        transitions.SETTLE,
+        record,
+        transitions.Settlement(ref=record.window.entries[-1].ref, outcome="uploaded", now=NOW),
+    )
+    assert outcome == Refused("checkpoint-settles-with-its-state")
     assert stored(table) == item
 
 

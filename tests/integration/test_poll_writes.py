@@ -84,7 +84,7 @@ SEEDED_WRONG: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("sweep-missing", {}, ("sweep",)),
     ("sweep-other", {"sweep": "gone"}, ()),
     ("expires-at-on-a-live-record", {"expires_at": 1_800_000_000}, ()),
-    ("state-unknown", {"state": "checkpointing"}, ()),
+    ("state-unknown", {"state": "hibernating"}, ()),
     ("schema-string", {"schema": "1"}, ()),
     ("incarnation-number", {"incarnation": 7}, ()),
     ("incarnation-too-long", {"incarnation": "local:" + "x" * 600}, ()),

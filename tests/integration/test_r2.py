@@ -136,9 +136,10 @@ def test_delete_counts_a_missing_key_as_deleted(r2: R2, s3: S3Client, bucket: st
     assert r2.head("backups/keep.sqsh") is not None
 
 
-def test_a_bare_bucket_lacks_both_lifecycle_rules(r2: R2) -> None:
-    assert r2.lifecycle_problems() == [
+def test_a_bare_bucket_lacks_our_lifecycle_rules(r2: R2) -> None:
+    assert r2.lifecycle_problems(31) == [
         "lifecycle rule seedkeeper-backups-expire is missing",
+        "lifecycle rule seedkeeper-checkpoints-expire is missing",
         "lifecycle rule seedkeeper-abort-incomplete-multipart is missing",
     ]
 
@@ -166,20 +167,22 @@ def test_apply_lifecycle_keeps_a_foreign_rule_and_is_idempotent(
             ]
         },
     )
-    assert r2.lifecycle_problems() == [
+    assert r2.lifecycle_problems(31) == [
         "lifecycle rule seedkeeper-backups-expire: expiration days is 30, expected 365",
+        "lifecycle rule seedkeeper-checkpoints-expire is missing",
         "lifecycle rule seedkeeper-abort-incomplete-multipart is missing",
     ]
 
-    r2.apply_lifecycle()
-    r2.apply_lifecycle()
+    r2.apply_lifecycle(31)
+    r2.apply_lifecycle(31)
 
-    assert r2.lifecycle_problems() == []
+    assert r2.lifecycle_problems(31) == []
     rules = s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
     assert sorted(rule.get("ID", "") for rule in rules) == [
         "logs-expire",
         "seedkeeper-abort-incomplete-multipart",
         "seedkeeper-backups-expire",
+        "seedkeeper-checkpoints-expire",
     ]
     assert [rule for rule in rules if rule.get("ID") == "logs-expire"] == [foreign]
 

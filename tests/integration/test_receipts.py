@@ -15,9 +15,8 @@ from conftest import Stack
 from functions import event, invoke, load_function
 from seedkeeper import config
 from seedkeeper.domain import transitions
-from seedkeeper.domain.checkpoints import IdleSettings, new_checkpoint
+from seedkeeper.domain.checkpoints import RetentionSettings, new_checkpoint
 from seedkeeper.domain.models import Binding, OwnerClaim, SeedIdentity
-from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import SeedSucceeded, SlotRecord, slot_key
 from seedkeeper.store.lifecycle import Lifecycle, Written
 
@@ -98,9 +97,7 @@ def checkpointed(stack: Stack) -> Checkpointed:
     lifecycle, record = seeded_slot(stack)
     upload = written(
         lifecycle.write(
-            transitions.RESERVE,
-            record,
-            transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+            transitions.REQUEST_CHECKPOINT, record, transitions.At(now=record.idle_deadline + 1)
         )
     )
     body = b"checkpoint of the run's work"
@@ -111,7 +108,7 @@ def checkpointed(stack: Stack) -> Checkpointed:
     facts = stack.r2.head(key)
     assert facts is not None
     checkpoint = new_checkpoint(
-        IdleSettings(),
+        RetentionSettings(),
         key=facts.key,
         size=facts.size,
         etag=facts.etag,
@@ -120,8 +117,7 @@ def checkpointed(stack: Stack) -> Checkpointed:
         incarnation=REQUEST["incarnation"],
         now=NOW,
     )
-    idle = IdleSettings()
-    assert checkpoint.expires_at == NOW + idle.idle_window + idle.checkpoint_grace
+    assert checkpoint.expires_at == NOW + RetentionSettings().park_retention
     written(
         lifecycle.write(
             transitions.RECORD_CHECKPOINT,
@@ -200,7 +196,7 @@ def test_every_wrong_field_and_an_absent_slot_get_the_identical_refusal(
     assert invoke(receipt_function, event("receipt-wrong-owner"))[0] == 404
 
 
-def test_evidence_of_a_running_seeded_slot_with_a_checkpoint_is_retained(
+def test_evidence_of_a_running_checkpointed_slot_is_retained(
     checkpointed: Checkpointed, runtime_calls: list[str]
 ) -> None:
     status, answer = invoke(evidence_function, event("slot-evidence"))
@@ -208,7 +204,7 @@ def test_evidence_of_a_running_seeded_slot_with_a_checkpoint_is_retained(
     assert answer == {
         "slot": SLOT,
         "incarnation": REQUEST["incarnation"],
-        "state": "seeded",
+        "state": "checkpointed",
         "checkpoint": "present",
         "disposition": "retained",
     }

@@ -21,6 +21,7 @@ from seedkeeper.adapters.runtime import EcsRuntime, RuntimeSettings, started_by
 from seedkeeper.domain.opwindow import Actor, OpRef
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper_tools.local.docker import slot_container
 from seedkeeper_tools.local.runtime import LOCAL_TASK_ENVIRONMENT, LocalRuntime
 
 if TYPE_CHECKING:
@@ -143,6 +144,9 @@ def test_a_local_task_gets_what_an_ecs_task_gets_and_no_r2_key(
     for name, value in hostile.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("SEEDKEEPER_TABLE", "the-table")
+    # Where the task checkpoints (the gateway's checkpoint route) and how often it looks.
+    monkeypatch.setenv("SEEDKEEPER_CHECKPOINT_URL", "http://127.0.0.1:8787")
+    monkeypatch.setenv("SEEDKEEPER_WATCH_INTERVAL", "2")
     command = (sys.executable, "-c", FAKE_TASK)
     local = LocalRuntime(tmp_path / "data", command=command, passthrough=("TASK_HOOK",))
 
@@ -151,6 +155,8 @@ def test_a_local_task_gets_what_an_ecs_task_gets_and_no_r2_key(
     given = task_environment(incarnation, local)
     local.stop(incarnation)
     assert given["SEEDKEEPER_TABLE"] == "the-table"
+    assert given["SEEDKEEPER_CHECKPOINT_URL"] == "http://127.0.0.1:8787"
+    assert given["SEEDKEEPER_WATCH_INTERVAL"] == "2"
     assert given["TASK_HOOK"] == hostile["TASK_HOOK"]
     assert not set(given) & (set(hostile) - {"TASK_HOOK"}), given
     added = {PLAN_VARIABLE, "SEEDKEEPER_WORKSPACE", "SEEDKEEPER_INCARNATION", "TASK_HOOK"}
@@ -164,6 +170,14 @@ def test_a_local_task_gets_what_an_ecs_task_gets_and_no_r2_key(
     for folder in (slot_folder.parent, slot_folder):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o711
     assert stat.S_IMODE((slot_folder / "attempt-1.log").stat().st_mode) == 0o600
+
+
+def test_a_local_task_may_be_given_all_the_task_definition_gives() -> None:
+    """template.yaml's slot container environment, name for name: a variable added there
+    reaches local tasks too (the Docker runtime reads the names from the template)."""
+    environment = slot_container()["Environment"]
+    assert isinstance(environment, list)
+    assert {str(variable["Name"]) for variable in environment} <= set(LOCAL_TASK_ENVIRONMENT)
 
 
 @pytest.mark.parametrize("name", ["AWS_SESSION_TOKEN", "SEEDKEEPER_R2_SECRET_ACCESS_KEY"])

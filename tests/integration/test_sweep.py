@@ -20,7 +20,14 @@ from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind
-from seedkeeper.domain.record import SlotRecord, State, Supported, encode, slot_key
+from seedkeeper.domain.record import (
+    ENDED_STATES,
+    SlotRecord,
+    State,
+    Supported,
+    encode,
+    slot_key,
+)
 from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.domain.snapshots import Archive, NewSnapshot, Rotation, plan_rotation
 from seedkeeper.errors import RuntimeUnavailable
@@ -32,7 +39,7 @@ from seedkeeper.store.sweep_index import SweepIndex
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
 
-LIVE = [State.UNSEEDED, State.SEEDING, State.SEEDED, State.SEED_FAILED, State.CLOSING]
+LIVE = [state for state in State if state not in ENDED_STATES]
 FAR = EXPIRED + 100_000
 
 
@@ -85,6 +92,22 @@ def sweeper(
     )
 
 
+def final_state(
+    state: State, expired: bool, unsettled: bool, touched: bool, status: TaskStatus
+) -> State:
+    """Where the sweep must leave a row, spelled out (not derived from the code)."""
+    if state is State.CLOSING:
+        return State.RETIRED  # a fence without its retirement: finished
+    acts = expired and not unsettled and not touched
+    if state is State.UNSEEDED and acts and status is TaskStatus.RUNNING:
+        return State.RETIRED
+    if state is State.SEEDED and acts and status is TaskStatus.RUNNING:
+        return State.CHECKPOINTING  # asked to checkpoint; nothing stopped
+    if state is State.CHECKPOINTED and acts and status is not TaskStatus.UNKNOWN:
+        return State.PARKED
+    return state
+
+
 def test_the_whole_matrix_stops_only_what_the_design_permits(
     table: Table, lifecycle: Lifecycle, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -101,7 +124,7 @@ def test_the_whole_matrix_stops_only_what_the_design_permits(
                 lifecycle.write(
                     transitions.RESERVE,
                     record,
-                    transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+                    transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SEED_FN, now=NOW),
                 )
             )
         if not expired and state is not State.CLOSING:
@@ -111,25 +134,28 @@ def test_the_whole_matrix_stops_only_what_the_design_permits(
             current = lifecycle.read(slot)
             assert isinstance(current, Supported)
             runtime.on_status[incarnation] = partial(touch, lifecycle, current.record, FAR)
-        idle = state is State.UNSEEDED and expired and not unsettled
-        rows[slot] = (state, idle and not touched and status is TaskStatus.RUNNING, idle, status)
+        rows[slot] = (state, final_state(state, expired, unsettled, touched, status))
 
     report = sweeper(table, runtime).sweep()
 
-    stopped = {slot for slot, (_, stops, _, _) in rows.items() if stops}
-    assert set(report.stopped) == stopped
-    assert sorted(runtime.stopped) == sorted(f"local:{slot}:1" for slot in stopped)
-    for slot, (state, stops, idle, status) in rows.items():
+    ended = {slot for slot, (_, final) in rows.items() if final in {State.RETIRED, State.PARKED}}
+    assert set(report.stopped) == {s for s, (_, f) in rows.items() if f is State.RETIRED}
+    assert set(report.parked) == {s for s, (_, f) in rows.items() if f is State.PARKED}
+    assert set(report.checkpoints_requested) == {
+        s for s, (_, f) in rows.items() if f is State.CHECKPOINTING and rows[s][0] is State.SEEDED
+    }
+    assert sorted(runtime.stopped) == sorted(f"local:{slot}:1" for slot in ended)
+    for slot, (_, final) in rows.items():
         current = lifecycle.read(slot)
         assert isinstance(current, Supported)
         record = current.record
-        if stops:
-            assert record.state is State.RETIRED
+        assert record.state is final, slot
+        if final in {State.RETIRED, State.PARKED}:
             assert "sweep" not in (table.get_item(Key=slot_key(slot))["Item"])
-        else:
-            assert record.state is state, slot
-        if idle and status is TaskStatus.STOPPED:
-            assert record.retained_reason is None  # an already stopped task: untouched
+        if final is State.PARKED:
+            assert record.checkpoint is not None
+            assert record.expires_at is not None
+            assert record.expires_at >= record.checkpoint.expires_at
     assert report.left["task-stopped"] > 0
     emitted = [
         json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line
@@ -139,20 +165,20 @@ def test_the_whole_matrix_stops_only_what_the_design_permits(
 
 
 def test_a_retained_reason_is_written_once(table: Table, lifecycle: Lifecycle) -> None:
-    record = stored_in(lifecycle, "kept", State.SEEDED, INCARNATION)
+    record = stored_in(lifecycle, "kept", State.SEED_FAILED, INCARNATION)
     runtime = FakeRuntime()
     first = sweeper(table, runtime).sweep()
-    assert first.retained == {"seeded": 1}
+    assert first.retained == {"seed-failed": 1}
     noted = lifecycle.read("kept")
     assert isinstance(noted, Supported)
-    assert noted.record.retained_reason == "seeded"
+    assert noted.record.retained_reason == "seed-failed"
     assert noted.record.rev == record.rev + 1
     calls: list[str] = []
     table.meta.client.meta.events.register(
         "before-call.dynamodb", lambda event_name, **_: calls.append(event_name)
     )
     second = sweeper(table, runtime).sweep()
-    assert second.retained == {"seeded": 1}
+    assert second.retained == {"seed-failed": 1}
     assert "before-call.dynamodb.UpdateItem" not in calls
     assert lifecycle.read("kept") == noted
     assert runtime.asked == []

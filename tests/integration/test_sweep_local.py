@@ -103,20 +103,20 @@ def test_only_positively_unseeded_idle_slots_are_stopped(
     ).sweep()
 
     assert report.stopped == ["cold-idle"]
+    assert report.checkpoints_requested == ["seeded"]  # asked, never stopped
     assert slots.runtime.status("local:cold-idle:1") is TaskStatus.STOPPED
     assert slots.record("cold-idle").state is State.RETIRED
     assert report.left == {"task-stopped": 1}
     assert slots.record("cold-stopped").state is State.UNSEEDED
     assert report.retained == {
         "unsettled-operations": 1,
-        "seeded": 1,
         "seed-failed": 1,
         "seeding": 1,
     }
     for slot, state in [
         ("cold-busy", State.UNSEEDED),
         ("cold-touched", State.UNSEEDED),
-        ("seeded", State.SEEDED),
+        ("seeded", State.CHECKPOINTING),
         ("failed", State.SEED_FAILED),
         ("seeding", State.SEEDING),
     ]:
@@ -135,6 +135,8 @@ def test_the_scheduled_function_sweeps_with_the_configured_runtime(slots: Slots)
     assert summary == {
         "read": 1,  # the cursor item: nothing has expired yet
         "stopped": [],
+        "checkpoints_requested": [],
+        "parked": [],
         "retained": {},
         "left": {},
         "finished": True,

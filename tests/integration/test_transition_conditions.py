@@ -25,6 +25,10 @@ def launch(record: SlotRecord, generation: int) -> OpRef:
     return OpRef(ordinal=1, actor=Actor.SEED_FN, generation=generation)
 
 
+def upload(record: SlotRecord, generation: int) -> OpRef:
+    return OpRef(ordinal=2, actor=Actor.SLOT_TASK, generation=generation)
+
+
 # Per transition: params built from the record (the slot's own, or a stranger's/a late one).
 PARAMS: dict[str, list[Callable[[SlotRecord], Any]]] = {
     "touch": [
@@ -62,14 +66,49 @@ PARAMS: dict[str, list[Callable[[SlotRecord], Any]]] = {
         lambda r: transitions.At(EXPIRED),
     ],
     "retire": [lambda r: transitions.Stopped(launch(r, 1), now=NOW, expires_at=EXPIRED)],
+    "request_checkpoint": [
+        lambda r: transitions.At(r.idle_deadline),
+        lambda r: transitions.At(r.idle_deadline + 1),
+    ],
+    "freeze": [
+        lambda r: transitions.Freezing(r.attempt, upload(r, r.attempt), now=NOW),
+        lambda r: transitions.Freezing(r.attempt + 1, upload(r, r.attempt + 1), now=NOW),
+    ],
+    "thaw": [
+        lambda r: transitions.Poll(r.binding, now=NOW, idle_deadline=NOW + IDLE),
+        lambda r: transitions.Poll(Binding(), now=NOW, idle_deadline=NOW + IDLE),
+    ],
+    "thawed": [
+        lambda r: transitions.Thawed(r.attempt, None, now=NOW),
+        lambda r: transitions.Thawed(r.attempt + 1, upload(r, r.attempt + 1), now=NOW),
+    ],
     "record_checkpoint": [
         lambda r: transitions.Uploaded(
             checkpoint(owner=r.owner, incarnation=r.incarnation or INCARNATION),
-            launch(r, 1),
+            upload(r, r.attempt),
             now=NOW,
         ),
-        lambda r: transitions.Uploaded(checkpoint(owner=owner(run="run-2")), launch(r, 1), NOW),
+        lambda r: transitions.Uploaded(
+            checkpoint(owner=owner(run="run-2")), upload(r, r.attempt), NOW
+        ),
+        lambda r: transitions.Uploaded(
+            checkpoint(owner=r.owner, incarnation="local:another:1"), upload(r, r.attempt), NOW
+        ),
+        lambda r: transitions.Uploaded(
+            checkpoint(owner=r.owner, incarnation=r.incarnation or INCARNATION),
+            upload(r, r.attempt + 1),
+            now=NOW,
+        ),
     ],
+    "checkpoint_failed": [
+        lambda r: transitions.CheckpointFailed(upload(r, r.attempt), "upload-failed", now=NOW),
+        lambda r: transitions.CheckpointFailed(upload(r, r.attempt + 1), "upload-failed", NOW),
+    ],
+    "fence_park": [
+        lambda r: transitions.At(r.idle_deadline),
+        lambda r: transitions.At(EXPIRED + 1),
+    ],
+    "park": [lambda r: transitions.Parked(launch(r, 1), now=NOW, expires_at=EXPIRED)],
     "note_retained": [lambda r: transitions.Retained("seeded", now=NOW)],
     "reserve": [lambda r: transitions.Reservation(OpKind.CHECKPOINT, Actor.SLOT_TASK, NOW)],
     "settle": [lambda r: transitions.Settlement(launch(r, 1), "launched", NOW)],

@@ -51,6 +51,7 @@ CALLS: dict[str, set[str]] = {
     "receipt": {"dynamodb", "s3", "secretsmanager"},
     "slot_evidence": {"dynamodb", "s3", "secretsmanager"},
     "rotation": {"dynamodb", "s3", "secretsmanager"},
+    "checkpoint": {"dynamodb", "s3", "secretsmanager"},
     "idle_sweep": {"dynamodb", "ecs", "s3", "secretsmanager"},
 }
 

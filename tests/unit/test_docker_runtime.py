@@ -87,6 +87,26 @@ def test_the_plan_travels_in_the_environment_never_in_an_argv(
     assert argv[argv.index("--network") :][:2] == ["--network", "host"]
 
 
+def test_a_container_is_told_where_to_checkpoint_and_how_often_to_look(
+    calls: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the task definition tells an ECS task: the checkpoint function's URL (the local
+    gateway, reached over the host's network) and the watch interval."""
+    monkeypatch.setenv("SEEDKEEPER_CHECKPOINT_URL", "http://127.0.0.1:8787")
+    monkeypatch.setenv("SEEDKEEPER_WATCH_INTERVAL", "2")
+    DockerRuntime(tmp_path).launch(plan())
+
+    [run] = recorded(calls)
+    argv, environment = run["argv"], run["environment"]
+    assert isinstance(argv, list)
+    assert isinstance(environment, dict)
+    given = {argv[index + 1] for index, word in enumerate(argv) if word == "--env"}
+    assert {"SEEDKEEPER_CHECKPOINT_URL", "SEEDKEEPER_WATCH_INTERVAL"} <= given
+    assert environment["SEEDKEEPER_CHECKPOINT_URL"] == "http://127.0.0.1:8787"
+    assert environment["SEEDKEEPER_WATCH_INTERVAL"] == "2"
+    assert argv[argv.index("--network") :][:2] == ["--network", "host"]
+
+
 def test_a_launch_docker_refuses_is_unavailable_not_a_task(
     calls: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

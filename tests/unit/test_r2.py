@@ -502,6 +502,13 @@ EXPIRE = {
     "Status": "Enabled",
     "Expiration": {"Days": 365},
 }
+DAYS = 31  # the default park retention's checkpoint days
+CHECKPOINTS = {
+    "ID": "seedkeeper-checkpoints-expire",
+    "Filter": {"Prefix": "checkpoints/"},
+    "Status": "Enabled",
+    "Expiration": {"Days": DAYS},
+}
 ABORT = {
     "ID": "seedkeeper-abort-incomplete-multipart",
     "Filter": {"Prefix": ""},
@@ -533,8 +540,8 @@ def given_rules(stub: Stubber, rules: list[dict[str, Any]] | None) -> None:
 @pytest.mark.parametrize(
     "rules",
     [
-        [EXPIRE, ABORT],
-        [FOREIGN, ABORT, EXPIRE],
+        [EXPIRE, CHECKPOINTS, ABORT],
+        [FOREIGN, ABORT, CHECKPOINTS, EXPIRE],
         # Other spellings of the same rules: a legacy top-level Prefix, an empty Filter.
         [
             {
@@ -544,20 +551,22 @@ def given_rules(stub: Stubber, rules: list[dict[str, Any]] | None) -> None:
                 "Expiration": {"Days": 365},
             },
             {**ABORT, "Filter": {}},
+            CHECKPOINTS,
         ],
     ],
 )
-def test_lifecycle_with_both_rules_has_no_problems(
+def test_lifecycle_with_our_rules_has_no_problems(
     r2: R2, stub: Stubber, rules: list[dict[str, Any]]
 ) -> None:
     given_rules(stub, rules)
-    assert r2.lifecycle_problems() == []
+    assert r2.lifecycle_problems(DAYS) == []
 
 
-def test_a_bucket_without_lifecycle_lacks_both_rules(r2: R2, stub: Stubber) -> None:
+def test_a_bucket_without_lifecycle_lacks_our_rules(r2: R2, stub: Stubber) -> None:
     given_rules(stub, None)
-    assert r2.lifecycle_problems() == [
+    assert r2.lifecycle_problems(DAYS) == [
         "lifecycle rule seedkeeper-backups-expire is missing",
+        "lifecycle rule seedkeeper-checkpoints-expire is missing",
         "lifecycle rule seedkeeper-abort-incomplete-multipart is missing",
     ]
 
@@ -566,35 +575,38 @@ def test_a_bucket_without_lifecycle_lacks_both_rules(r2: R2, stub: Stubber) -> N
     ("rules", "problem"),
     [
         (
-            [{**EXPIRE, "Expiration": {"Days": 30}}, ABORT],
+            [{**EXPIRE, "Expiration": {"Days": 30}}, CHECKPOINTS, ABORT],
             "lifecycle rule seedkeeper-backups-expire: expiration days is 30, expected 365",
         ),
         (
-            [{**EXPIRE, "Status": "Disabled"}, ABORT],
+            [{**EXPIRE, "Status": "Disabled"}, CHECKPOINTS, ABORT],
             "lifecycle rule seedkeeper-backups-expire: status is 'Disabled', expected 'Enabled'",
         ),
         (
-            [{**EXPIRE, "Filter": {"Prefix": ""}}, ABORT],
+            [{**EXPIRE, "Filter": {"Prefix": ""}}, CHECKPOINTS, ABORT],
             "lifecycle rule seedkeeper-backups-expire: prefix is '', expected 'backups/'",
         ),
         (
-            [EXPIRE, {**ABORT, "Expiration": {"Days": 1}}],
+            [EXPIRE, CHECKPOINTS, {**ABORT, "Expiration": {"Days": 1}}],
             "lifecycle rule seedkeeper-abort-incomplete-multipart: expiration days is 1,"
             " expected None",
         ),
         (
-            [EXPIRE, {**ABORT, "Filter": {"ObjectSizeGreaterThan": 1024}}],
+            [EXPIRE, CHECKPOINTS, {**ABORT, "Filter": {"ObjectSizeGreaterThan": 1024}}],
             "lifecycle rule seedkeeper-abort-incomplete-multipart: other filter conditions is"
             " ['ObjectSizeGreaterThan'], expected []",
         ),
-        ([EXPIRE, FOREIGN], "lifecycle rule seedkeeper-abort-incomplete-multipart is missing"),
+        (
+            [EXPIRE, CHECKPOINTS, FOREIGN],
+            "lifecycle rule seedkeeper-abort-incomplete-multipart is missing",
+        ),
     ],
 )
 def test_a_missing_or_wrong_rule_is_a_problem(
     r2: R2, stub: Stubber, rules: list[dict[str, Any]], problem: str
 ) -> None:
     given_rules(stub, rules)
-    assert r2.lifecycle_problems() == [problem]
+    assert r2.lifecycle_problems(DAYS) == [problem]
 
 
 def test_apply_lifecycle_replaces_our_rules_by_id_and_keeps_the_others(
@@ -605,19 +617,22 @@ def test_apply_lifecycle_replaces_our_rules_by_id_and_keeps_the_others(
     stub.add_response(
         "put_bucket_lifecycle_configuration",
         {},
-        {"Bucket": BUCKET, "LifecycleConfiguration": {"Rules": [FOREIGN, EXPIRE, ABORT]}},
+        {
+            "Bucket": BUCKET,
+            "LifecycleConfiguration": {"Rules": [FOREIGN, EXPIRE, CHECKPOINTS, ABORT]},
+        },
     )
-    r2.apply_lifecycle()
+    r2.apply_lifecycle(DAYS)
 
 
-def test_apply_lifecycle_on_a_bare_bucket_puts_our_two_rules(r2: R2, stub: Stubber) -> None:
+def test_apply_lifecycle_on_a_bare_bucket_puts_our_rules(r2: R2, stub: Stubber) -> None:
     given_rules(stub, None)
     stub.add_response(
         "put_bucket_lifecycle_configuration",
         {},
-        {"Bucket": BUCKET, "LifecycleConfiguration": {"Rules": [EXPIRE, ABORT]}},
+        {"Bucket": BUCKET, "LifecycleConfiguration": {"Rules": [EXPIRE, CHECKPOINTS, ABORT]}},
     )
-    r2.apply_lifecycle()
+    r2.apply_lifecycle(DAYS)
 
 
 def test_a_refused_lifecycle_read_is_r2_unavailable(r2: R2, stub: Stubber) -> None:
@@ -627,5 +642,5 @@ def test_a_refused_lifecycle_read_is_r2_unavailable(r2: R2, stub: Stubber) -> No
         http_status_code=403,
     )
     with pytest.raises(R2Unavailable) as raised:
-        r2.lifecycle_problems()
+        r2.lifecycle_problems(DAYS)
     assert raised.value.code == "AccessDenied"

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings
 from seedkeeper.adapters.r2 import R2Settings, transfer_mode
 from seedkeeper.adapters.runtime import RuntimeSettings
 from seedkeeper.config import StoreSettings
+from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.services.seed import SeedSettings
 from seedkeeper.services.sweep import SweepSettings
 from seedkeeper_tools.infra import ROOT, load_template
@@ -39,6 +40,7 @@ STACK = {
     "SEEDKEEPER_RUNTIME": "local",
     "SEEDKEEPER_DATA_DIR": "/srv/seedkeeper",
     "SEEDKEEPER_IDLE_WINDOW": "1800",
+    "SEEDKEEPER_PARK_RETENTION": "172800",
     "SEEDKEEPER_SANDBOX_COMMAND": "make test",
     "HOME": "/root",
 }
@@ -48,6 +50,7 @@ READS: dict[str, tuple[type[BaseSettings], ...]] = {
     "ReceiptFunction": (StoreSettings, R2Settings),
     "SlotEvidenceFunction": (StoreSettings, R2Settings),
     "RotationFunction": (StoreSettings, R2Settings),
+    "CheckpointFunction": (StoreSettings, R2Settings, RetentionSettings),
     "IdleSweepFunction": (StoreSettings, R2Settings, RuntimeSettings, SweepSettings),
 }
 
@@ -146,6 +149,18 @@ def test_each_function_reads_the_stack_from_its_variables(
     if runtime is not None:
         assert isinstance(runtime, RuntimeSettings)
         assert (runtime.runtime, runtime.data_dir) == ("local", Path("/srv/seedkeeper"))
+    # The stack's park retention, not the template's default: checkpoints agree with the
+    # stack's own handlers.
+    retention = settings.get(RetentionSettings)
+    if retention is not None:
+        assert isinstance(retention, RetentionSettings)
+        assert retention.park_retention == int(STACK["SEEDKEEPER_PARK_RETENTION"])
+
+
+def test_without_a_stack_retention_the_template_default_is_given(local: dict[str, Any]) -> None:
+    stack = {k: v for k, v in STACK.items() if k != "SEEDKEEPER_PARK_RETENTION"}
+    environment = sam_environment(stack, local, RELAYED)
+    assert environment["CheckpointFunction"]["SEEDKEEPER_PARK_RETENTION"] == "2592000"
 
 
 def test_a_variable_no_local_stack_can_value_is_refused(local: dict[str, Any]) -> None:

@@ -1,6 +1,7 @@
 """The sweep's decision for one expired index entry, over every state, window and task
 status: only a positively-unseeded idle slot with nothing in flight and a running task is
-ever stopped."""
+ever stopped as it is; an idle seeded slot is only asked to checkpoint; only a checkpointed
+slot whose checkpoint counts is parked."""
 
 from __future__ import annotations
 
@@ -8,36 +9,74 @@ import itertools
 
 import pytest
 
-from builders import EXPIRED, IDLE, NOW, changed, record_in
+from builders import EXPIRED, IDLE, NOW, changed, checkpoint, owner, record_in
 from seedkeeper.domain import transitions
 from seedkeeper.domain.opwindow import Actor, OpKind
-from seedkeeper.domain.record import Absent, Malformed, State, Supported, Unsupported
+from seedkeeper.domain.record import (
+    ENDED_STATES,
+    Absent,
+    Malformed,
+    SlotRecord,
+    State,
+    Supported,
+    Unsupported,
+)
 from seedkeeper.domain.runtime import TaskStatus
-from seedkeeper.domain.sweep import Leave, Retain, Stop, decide
-
-LIVE = [State.UNSEEDED, State.SEEDING, State.SEEDED, State.SEED_FAILED, State.CLOSING]
+from seedkeeper.domain.sweep import (
+    Disposition,
+    Finish,
+    Leave,
+    Park,
+    RequestCheckpoint,
+    Retain,
+    Stop,
+    decide,
+)
 
 
 def asked_never(incarnation: str) -> TaskStatus:
     raise AssertionError(f"the runtime was asked about {incarnation}")
 
 
+def expected(
+    state: State, record: SlotRecord, expired: bool, unsettled: bool, status: TaskStatus
+) -> Disposition:
+    """The rule, spelled out state by state (not derived from the code under test)."""
+    if state in ENDED_STATES:
+        return Leave(state.value)
+    if state is State.CLOSING:
+        return Retain("closing", record) if unsettled else Finish(record, park=False)
+    if not expired:
+        return Leave("not-idle")
+    if state in {State.SEEDING, State.SEED_FAILED, State.CHECKPOINTING}:
+        return Retain(state.value.replace("_", "-"), record)
+    if unsettled:
+        return Retain("unsettled-operations", record)
+    if status is TaskStatus.UNKNOWN:
+        return Retain("task-unknown", record)
+    if state is State.CHECKPOINTED:
+        return Park(record)  # verified work: a task already stopped is parked too
+    if status is TaskStatus.STOPPED:
+        return Leave("task-stopped")
+    return Stop(record) if state is State.UNSEEDED else RequestCheckpoint(record)
+
+
 @pytest.mark.parametrize(
     ("state", "expired", "unsettled", "status"),
-    list(itertools.product(LIVE, [True, False], [True, False], list(TaskStatus))),
+    list(itertools.product(State, [True, False], [True, False], list(TaskStatus))),
 )
-def test_only_the_positively_unseeded_idle_slot_is_stopped(
+def test_every_state_window_and_task_status(
     state: State, expired: bool, unsettled: bool, status: TaskStatus
 ) -> None:
     record = record_in(state)
-    if unsettled:
+    if unsettled and state not in ENDED_STATES:
         record = changed(
             transitions.RESERVE.decide(
                 record,
-                transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+                transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SEED_FN, now=NOW),
             )
         ).record
-    now = EXPIRED if expired else NOW + IDLE
+    now = EXPIRED + 1 if expired else NOW + IDLE
     asked: list[str] = []
 
     def task_status(incarnation: str) -> TaskStatus:
@@ -45,32 +84,37 @@ def test_only_the_positively_unseeded_idle_slot_is_stopped(
         return status
 
     decision = decide(Supported(record), now=now, task_status=task_status)
-    permitted = state is State.UNSEEDED and expired and not unsettled
-    if permitted and status is TaskStatus.RUNNING:
-        assert decision == Stop(record)
-    else:
+    assert decision == expected(state, record, expired, unsettled, status)
+    acted_on = {State.UNSEEDED, State.SEEDED, State.CHECKPOINTED}
+    if not (state in acted_on and expired and not unsettled):
+        assert asked == [], "the runtime is asked only about a slot the sweep may act on"
+    if state is not State.UNSEEDED:
         assert not isinstance(decision, Stop)
-    if permitted and status is TaskStatus.STOPPED:
-        assert decision == Leave("task-stopped")  # already stopped: untouched
-    if permitted and status is TaskStatus.UNKNOWN:
-        assert decision == Retain("task-unknown", record)
-    if not permitted:
-        assert asked == [], "the runtime is asked only about a slot it might stop"
-    if not expired:
-        assert decision == Leave("not-idle")
 
 
 @pytest.mark.parametrize(
-    ("state", "reason"),
+    "made",
     [
-        (State.SEEDING, "seeding"),
-        (State.SEEDED, "seeded"),
-        (State.SEED_FAILED, "seed-failed"),
+        checkpoint(owner=owner(run="run-2")),  # another owner's work
+        checkpoint(incarnation="local:another-task:1"),  # another task's
+        checkpoint(expires_at=EXPIRED),  # kept no longer
     ],
 )
-def test_a_seeded_slot_is_retained_with_its_reason(state: State, reason: str) -> None:
-    record = record_in(state)
-    assert decide(Supported(record), now=EXPIRED, task_status=asked_never) == Retain(reason, record)
+def test_a_checkpoint_that_does_not_count_is_never_parked(made: object) -> None:
+    record = record_in(State.CHECKPOINTED)
+    wrong = record.model_copy(update={"checkpoint": made})
+    decision = decide(Supported(wrong), now=EXPIRED + 1, task_status=lambda _: TaskStatus.RUNNING)
+    assert decision == Retain("checkpoint-not-counted", wrong)
+
+
+def test_a_park_interrupted_after_its_fence_is_finished_as_a_park() -> None:
+    fenced = changed(
+        transitions.FENCE_PARK.decide(record_in(State.CHECKPOINTED), transitions.At(EXPIRED + 1))
+    ).record
+    assert fenced.state is State.CLOSING
+    assert decide(Supported(fenced), now=EXPIRED + 1, task_status=asked_never) == Finish(
+        fenced, park=True
+    )
 
 
 def test_records_this_code_may_not_write_are_retained_without_a_write() -> None:
@@ -83,13 +127,8 @@ def test_records_this_code_may_not_write_are_retained_without_a_write() -> None:
     assert decide(Absent("s"), now=EXPIRED, task_status=asked_never) == Leave("no-record")
 
 
-def test_a_retired_tombstone_is_left_alone() -> None:
-    retired = record_in(State.RETIRED)
-    decision = decide(Supported(retired), now=EXPIRED + 10**6, task_status=asked_never)
-    assert decision == Leave("retired")
-
-
-def test_a_closing_slot_is_retained() -> None:
-    closing = record_in(State.CLOSING)
-    decision = decide(Supported(closing), now=EXPIRED, task_status=asked_never)
-    assert decision == Retain("closing", closing)
+@pytest.mark.parametrize("state", sorted(ENDED_STATES))
+def test_a_tombstone_or_a_parked_slot_is_left_alone(state: State) -> None:
+    ended = record_in(state)
+    decision = decide(Supported(ended), now=EXPIRED + 10**6, task_status=asked_never)
+    assert decision == Leave(state.value)

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings
 from seedkeeper.adapters.r2 import R2Settings, transfer_mode
 from seedkeeper.adapters.runtime import RuntimeSettings
 from seedkeeper.config import StoreSettings
+from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.services.seed import SeedSettings
 from seedkeeper.services.sweep import SweepSettings
 from seedkeeper_task.supervisor import TaskSettings
@@ -36,11 +37,15 @@ READS: dict[str, tuple[type[BaseSettings], ...]] = {
     "receipt": (StoreSettings, R2Settings),
     "slot_evidence": (StoreSettings, R2Settings),
     "rotation": (StoreSettings, R2Settings),
+    "checkpoint": (StoreSettings, R2Settings, RetentionSettings),
     "idle_sweep": (StoreSettings, R2Settings, RuntimeSettings, SweepSettings),
 }
 SLOT_TASK_READS: tuple[type[BaseSettings], ...] = (StoreSettings, TaskSettings)
-WITH_URL = {"seed", "receipt", "slot_evidence", "rotation"}
-NEVER_TOUCH_THE_RUNTIME = {"receipt", "slot_evidence"}
+WITH_URL = {"seed", "receipt", "slot_evidence", "rotation", "checkpoint"}
+NEVER_TOUCH_THE_RUNTIME = {"receipt", "slot_evidence", "checkpoint"}
+# The one function a slot task may call (through its URL), and the one principal that may.
+CHECKPOINT = "CheckpointFunction"
+TASK_ROLE = "SlotTaskRole"
 
 # Least privilege on the table, pinned: which actions each principal has, on the table
 # itself or on the sweep's index. (Transactions have no IAM action of their own: each
@@ -55,6 +60,8 @@ TABLE_ACCESS: dict[str, set[tuple[str, str]]] = {
     },
     "ReceiptFunction": {("dynamodb:GetItem", "table")},
     "SlotEvidenceFunction": {("dynamodb:GetItem", "table")},
+    # Reads the record, then records the checkpoint or its failure (conditional updates).
+    "CheckpointFunction": {("dynamodb:GetItem", "table"), ("dynamodb:UpdateItem", "table")},
     "RotationFunction": {
         ("dynamodb:Query", "table"),
         ("dynamodb:PutItem", "table"),
@@ -93,6 +100,7 @@ SAMPLE_VALUES: dict[str, Any] = {
     "SlotCluster": "seedkeeper-SlotCluster-1A2B3C",
     TASK_DEFINITION: "arn:aws:ecs:eu-west-1:123456789012:task-definition/seedkeeper-slot:1",
     "SlotLogGroup": "seedkeeper-SlotLogGroup-1A2B3C",
+    "CheckpointFunctionUrl.FunctionUrl": "https://abcdefghij.lambda-url.eu-west-1.on.aws/",
 }
 
 
@@ -488,7 +496,6 @@ def test_the_environment_configures_each_function_as_deployed(
             if name == "seed":
                 seed = SeedSettings()
                 assert seed.idle_window == 1800
-                assert seed.checkpoint_grace == 86_400
 
 
 def test_without_r2_parameters_the_functions_run_cold(
@@ -501,15 +508,21 @@ def test_without_r2_parameters_the_functions_run_cold(
 
 
 @pytest.mark.parametrize(
-    ("parameter", "field"),
-    [("IdleWindowSeconds", "idle_window"), ("CheckpointGraceSeconds", "checkpoint_grace")],
+    ("parameter", "settings", "field"),
+    [
+        ("IdleWindowSeconds", SeedSettings, "idle_window"),
+        ("ParkRetentionSeconds", RetentionSettings, "park_retention"),
+        ("WatchIntervalSeconds", TaskSettings, "watch_interval"),
+    ],
 )
 def test_every_value_a_parameter_allows_the_code_accepts(
-    template: Template, parameter: str, field: str
+    template: Template, parameter: str, settings: type[BaseSettings], field: str
 ) -> None:
     declared = template["Parameters"][parameter]
     for value in (declared["MinValue"], declared["Default"], declared["MaxValue"]):
-        assert getattr(SeedSettings.model_validate({field: value}), field) == value
+        assert getattr(settings.model_validate({field: value}), field) == value
+    # The parameter's default is the code's: a deployment and a local stack agree.
+    assert settings.model_fields[field].default == declared["Default"]
 
 
 def test_the_parameters_the_issue_lists_exist(template: Template) -> None:
@@ -521,7 +534,8 @@ def test_the_parameters_the_issue_lists_exist(template: Template) -> None:
         "SubnetIds",
         "SecurityGroupIds",
         "IdleWindowSeconds",
-        "CheckpointGraceSeconds",
+        "ParkRetentionSeconds",
+        "WatchIntervalSeconds",
         "SweepRateMinutes",
         "EphemeralStorageGiB",
         "SlotImage",
@@ -564,3 +578,123 @@ def test_cfn_lint_finds_nothing() -> None:
     """The template as CloudFormation's own linter reads it (no network: specs ship with it)."""
     findings = [m for m in lint_all(TEMPLATE.read_text()) if m.rule.id[0] in "EW"]
     assert findings == []  # errors and warnings; informational hints are not findings
+
+
+def test_the_slot_task_is_told_where_to_checkpoint_and_how_often_to_look(
+    template: Template, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    environment = {v["Name"]: v["Value"] for v in slot_container(template)["Environment"]}
+    assert environment["SEEDKEEPER_CHECKPOINT_URL"] == {
+        "Fn::GetAtt": [f"{CHECKPOINT}Url", "FunctionUrl"]
+    }
+    assert environment["SEEDKEEPER_WATCH_INTERVAL"] == {"Ref": "WatchIntervalSeconds"}
+    # Resolved as deployed, the supervisor reads both.
+    values = sample_values(template)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, str(resolve(value, values)))
+    settings = TaskSettings()
+    assert str(getattr(settings, "checkpoint_url", "")).startswith("https://")
+    assert getattr(settings, "watch_interval", None) == 30
+
+
+def test_every_reader_of_the_park_retention_is_given_the_parameter(template: Template) -> None:
+    """The checkpoint function (a checkpoint's expiry, which a parked record's TTL follows)
+    reads the retention: it is given the parameter, never a default."""
+    for name, properties in functions(template).items():
+        if RetentionSettings not in READS[name]:
+            continue
+        variables = properties["Environment"]["Variables"]
+        assert variables.get("SEEDKEEPER_PARK_RETENTION") == {"Ref": "ParkRetentionSeconds"}, name
+
+
+# -- the checkpoint function and who may call it ---------------------------------------------
+
+
+def lambda_statements(template: Template) -> dict[str, list[Statement]]:
+    """Every principal's statements that grant a Lambda action."""
+    return {
+        name: [
+            statement
+            for statement in granted
+            if any(action.startswith("lambda:") for action in as_list(statement["Action"]))
+        ]
+        for name, granted in statements(template).items()
+    }
+
+
+def test_the_checkpoint_function_has_an_aws_iam_url(template: Template) -> None:
+    properties = template["Resources"][CHECKPOINT]["Properties"]
+    assert properties["CodeUri"] == "functions/checkpoint/"
+    assert properties["FunctionUrlConfig"] == {"AuthType": "AWS_IAM"}
+    output = template["Outputs"]["CheckpointFunctionUrl"]
+    assert output["Value"] == {"Fn::GetAtt": [f"{CHECKPOINT}Url", "FunctionUrl"]}
+
+
+def test_the_slot_task_may_invoke_the_checkpoint_function_and_nothing_else(
+    template: Template,
+) -> None:
+    function = {"Fn::GetAtt": [CHECKPOINT, "Arn"]}
+    granted = lambda_statements(template)
+    # Only the task role calls a function; the executor's principal lives outside the stack.
+    assert {name for name, found in granted.items() if found} == {TASK_ROLE}
+    by_action = {
+        action: statement
+        for statement in granted[TASK_ROLE]
+        for action in as_list(statement["Action"])
+    }
+    # Function URLs created since October 2025 need both actions.
+    assert set(by_action) == {"lambda:InvokeFunctionUrl", "lambda:InvokeFunction"}
+    for statement in by_action.values():
+        assert statement["Effect"] == "Allow"
+        assert as_list(statement["Resource"]) == [function]
+    assert by_action["lambda:InvokeFunctionUrl"]["Condition"] == {
+        "StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}
+    }
+    # Only through the URL: the role cannot invoke the function directly.
+    assert by_action["lambda:InvokeFunction"]["Condition"] == {
+        "Bool": {"lambda:InvokedViaFunctionUrl": "true"}
+    }
+
+
+def references(value: Any) -> set[str]:
+    """The logical ids a value refers to (Ref, GetAtt, Sub)."""
+    if isinstance(value, Mapping):
+        found: set[str] = set()
+        for key, argument in value.items():
+            if key == "Ref" and isinstance(argument, str):
+                found.add(argument)
+            elif key == "Fn::GetAtt":
+                found.add(argument[0] if isinstance(argument, list) else argument.split(".")[0])
+            elif key == "Fn::Sub" and isinstance(argument, str):
+                found |= {name.split(".")[0] for name in re.findall(r"\$\{([^}!]+)\}", argument)}
+            else:
+                found |= references(argument)
+        return found
+    if isinstance(value, list):
+        return set().union(*map(references, value)) if value else set()
+    return set()
+
+
+def test_the_checkpoint_function_needs_nothing_of_the_slot_task(template: Template) -> None:
+    """The task definition names the function's URL and the task role its ARN: the function
+    naming either would be a cycle CloudFormation refuses."""
+    resources = template["Resources"]
+    named = references(resources[CHECKPOINT])
+    named |= set().union(*(references(resources[name]) for name in named if name in resources))
+    assert not named & {TASK_ROLE, TASK_DEFINITION, "SlotTaskExecutionRole", "SeedFunction"}
+
+
+def test_every_function_logs_to_a_log_group_of_its_own(template: Template) -> None:
+    groups = []
+    for name, properties in functions(template).items():
+        reference = properties["LoggingConfig"]["LogGroup"]
+        assert set(reference) == {"Ref"}, name
+        group = template["Resources"][reference["Ref"]]
+        assert group["Type"] == "AWS::Logs::LogGroup", name
+        assert group["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}, name
+        assert group["DeletionPolicy"] == "Delete", name
+        groups.append(reference["Ref"])
+    assert len(set(groups)) == len(groups) == len(READS)
+    assert functions(template)["checkpoint"]["LoggingConfig"] == {
+        "LogGroup": {"Ref": "CheckpointLogGroup"}
+    }

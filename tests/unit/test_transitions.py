@@ -25,7 +25,7 @@ from builders import (
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import WINDOW_SIZE, Actor, OpKind, OpRef, OpStatus
-from seedkeeper.domain.record import SlotRecord, State
+from seedkeeper.domain.record import ENDED_STATES, SlotRecord, State
 from seedkeeper.domain.refused import Refused
 from seedkeeper.domain.transitions import Acknowledged, Change
 
@@ -165,7 +165,7 @@ def test_only_an_expired_unseeded_slot_with_nothing_in_flight_is_fenced(
     state: State, expired: bool, unsettled: bool
 ) -> None:
     record = record_in(state)
-    if unsettled and record.window.unsettled == 0 and state is not State.RETIRED:
+    if unsettled and record.window.unsettled == 0 and state not in ENDED_STATES:
         record = changed(
             transitions.RESERVE.decide(
                 record,
@@ -226,28 +226,29 @@ def test_retire_refuses_without_the_fence(state: State) -> None:
 
 
 def test_a_checkpoint_counts_only_for_its_owner_and_incarnation() -> None:
-    record = record_in(State.SEEDED)
-    upload = changed(
-        transitions.RESERVE.decide(
-            record, transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW)
-        )
+    asked = changed(
+        transitions.REQUEST_CHECKPOINT.decide(record_in(State.SEEDED), transitions.At(EXPIRED))
     )
-    assert upload.entry is not None
+    assert asked.entry is not None
+    upload = asked.entry.ref
     recorded = changed(
         transitions.RECORD_CHECKPOINT.decide(
-            upload.record,
-            transitions.Uploaded(checkpoint=checkpoint(), upload=upload.entry.ref, now=NOW),
+            asked.record, transitions.Uploaded(checkpoint=checkpoint(), upload=upload, now=NOW)
         )
     )
     assert recorded.record.checkpoint == checkpoint()
+    assert recorded.record.state is State.CHECKPOINTED
     assert recorded.record.window.unsettled == 0
-    for wrong in [checkpoint(owner=owner(run="run-2")), checkpoint(incarnation="local:other")]:
+    for wrong, reason in [
+        (checkpoint(owner=owner(run="run-2")), "claim-mismatch"),
+        (checkpoint(incarnation="local:other"), "incarnation-mismatch"),
+    ]:
         assert transitions.RECORD_CHECKPOINT.decide(
-            upload.record, transitions.Uploaded(checkpoint=wrong, upload=upload.entry.ref, now=NOW)
-        ) == Refused("checkpoint-owner-mismatch")
+            asked.record, transitions.Uploaded(checkpoint=wrong, upload=upload, now=NOW)
+        ) == Refused(reason)
     assert transitions.RECORD_CHECKPOINT.decide(
         record_in(State.SEEDING),
-        transitions.Uploaded(checkpoint=checkpoint(), upload=upload.entry.ref, now=NOW),
+        transitions.Uploaded(checkpoint=checkpoint(), upload=upload, now=NOW),
     ) == Refused("state-seeding")
 
 

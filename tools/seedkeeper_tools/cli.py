@@ -26,6 +26,7 @@ from seedkeeper import __version__
 from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings, snapshots
+from seedkeeper.domain.checkpoints import RetentionSettings, lifecycle_days
 from seedkeeper.domain.models import ResourceName, SlotId
 from seedkeeper.domain.outcomes import Payment, Recorded, SnapshotStatus
 from seedkeeper.domain.record import (
@@ -117,7 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     bucket.set_defaults(run=_create_bucket)
 
     lifecycle = commands.add_parser(
-        "r2-lifecycle", help="the bucket's retention backstop (backups/ expire after 365 days)"
+        "r2-lifecycle",
+        help="the bucket's retention backstop (backups/ after 365 days, checkpoints/ after"
+        " the park retention)",
     )
     mode = lifecycle.add_mutually_exclusive_group(required=True)
     mode.add_argument("--apply", action="store_true", help="set the rules, keeping others")
@@ -286,14 +289,17 @@ def _create_bucket(args: argparse.Namespace) -> int:
 
 def _r2_lifecycle(args: argparse.Namespace) -> int:
     r2 = _r2()
+    # Checkpoints go a day after their park retention ends (SEEDKEEPER_PARK_RETENTION).
+    days = lifecycle_days(RetentionSettings())
     if args.apply:
-        r2.apply_lifecycle()
-    problems = r2.lifecycle_problems()
+        r2.apply_lifecycle(days)
+    problems = r2.lifecycle_problems(days)
     for problem in problems:
         console.print(f"[red]lifecycle[/red]: {problem}")
     if not problems:
         console.print(
-            "lifecycle: backups/ expire after 365 days; incomplete uploads abort after 1 day"
+            f"lifecycle: backups/ expire after 365 days, checkpoints/ after {days} days;"
+            " incomplete uploads abort after 1 day"
         )
     return 1 if problems else 0
 

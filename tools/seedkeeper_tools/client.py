@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
 import boto3
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials, ReadOnlyCredentials
 
 from seedkeeper.domain.models import OwnerClaim, SeedIdentity
@@ -34,6 +30,7 @@ from seedkeeper.domain.outcomes import (
 )
 from seedkeeper.domain.snapshots import NewSnapshot
 from seedkeeper.errors import SeedkeeperError
+from seedkeeper_task import function_url
 
 # The function answering each path, when each function has its own URL.
 FUNCTIONS = {
@@ -162,30 +159,18 @@ class SeedkeeperClient:
         self, method: str, path: str, body: Any = None, *, function: str | None = None
     ) -> bytes:
         """The answer's JSON text; a 4xx or 5xx raises SeedkeeperRefused."""
-        data = json.dumps(body).encode() if body is not None else b""
-        url = self._url(path, function)
-        request = AWSRequest(
-            method=method,
-            url=url,
-            data=data,
-            headers={"Content-Type": "application/json"} if body is not None else {},
-        )
         credentials = self._credentials or boto3.Session().get_credentials()
         if credentials is None:
             raise SeedkeeperError("no AWS credentials to sign with")
-        SigV4Auth(credentials, "lambda", self._region).add_auth(request)
-        prepared = urllib.request.Request(  # noqa: S310 - the configured function URL
-            url, data=data or None, method=method, headers=dict(request.headers.items())
+        url = self._url(path, function)
+        status, payload = function_url.call(
+            method, url, body, credentials=credentials, region=self._region, timeout=self._timeout
         )
+        if status < 400:
+            return payload
         try:
-            with urllib.request.urlopen(prepared, timeout=self._timeout) as response:  # noqa: S310
-                answer: bytes = response.read()
-                return answer
-        except urllib.error.HTTPError as refused:
-            payload = refused.read()
-            try:
-                detail = json.loads(payload)
-            except ValueError:
-                detail = {"error": payload.decode(errors="replace")[:200]}
-            reason = detail.get("error") or detail.get("message") or "unknown"
-            raise SeedkeeperRefused(refused.code, str(reason), detail) from None
+            detail = json.loads(payload)
+        except ValueError:
+            detail = {"error": payload.decode(errors="replace")[:200]}
+        reason = detail.get("error") or detail.get("message") or "unknown"
+        raise SeedkeeperRefused(status, str(reason), detail)

@@ -64,6 +64,7 @@ FROM_STACK = (
     "SEEDKEEPER_RUNTIME",
     "SEEDKEEPER_DATA_DIR",
     "SEEDKEEPER_IDLE_WINDOW",
+    "SEEDKEEPER_PARK_RETENTION",
 )
 ENDPOINTS = ("SEEDKEEPER_DYNAMODB_ENDPOINT", "SEEDKEEPER_R2_ENDPOINT")
 # What a local stack has none of: R2's account and secret (it hands out keys), ECS.

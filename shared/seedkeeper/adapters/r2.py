@@ -7,6 +7,7 @@ Nothing here logs, and no error raised here carries a URL, an access key or a se
 
 from __future__ import annotations
 
+import base64
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -45,23 +46,36 @@ _DELETE_BATCH = 1000  # DeleteObjects takes at most this many keys
 _NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 
 _EXPIRE_RULE_ID = "seedkeeper-backups-expire"
+_CHECKPOINTS_RULE_ID = "seedkeeper-checkpoints-expire"
 _ABORT_RULE_ID = "seedkeeper-abort-incomplete-multipart"
-# The retention backstop: an archive whose deletion was owed and never happened goes after a
-# year; parts of an upload that died go after a day.
-_LIFECYCLE_RULES: tuple[LifecycleRuleTypeDef, ...] = (
-    {
-        "ID": _EXPIRE_RULE_ID,
-        "Filter": {"Prefix": BACKUP_PREFIX},
-        "Status": "Enabled",
-        "Expiration": {"Days": 365},
-    },
-    {
-        "ID": _ABORT_RULE_ID,
-        "Filter": {"Prefix": ""},
-        "Status": "Enabled",
-        "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1},
-    },
-)
+CHECKPOINT_PREFIX = "checkpoints/"
+
+
+def lifecycle_rules(checkpoint_days: int) -> tuple[LifecycleRuleTypeDef, ...]:
+    """The retention backstop: an archive whose deletion was owed and never happened goes
+    after a year; a checkpoint once its park retention is over (`checkpoint_days`, from
+    `seedkeeper.domain.checkpoints.lifecycle_days`); parts of an upload that died after a
+    day."""
+    return (
+        {
+            "ID": _EXPIRE_RULE_ID,
+            "Filter": {"Prefix": BACKUP_PREFIX},
+            "Status": "Enabled",
+            "Expiration": {"Days": 365},
+        },
+        {
+            "ID": _CHECKPOINTS_RULE_ID,
+            "Filter": {"Prefix": CHECKPOINT_PREFIX},
+            "Status": "Enabled",
+            "Expiration": {"Days": checkpoint_days},
+        },
+        {
+            "ID": _ABORT_RULE_ID,
+            "Filter": {"Prefix": ""},
+            "Status": "Enabled",
+            "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1},
+        },
+    )
 
 
 def backup_key(backup_id: str) -> str:
@@ -192,6 +206,16 @@ class ObjectFacts:
     key: str
     size: int
     etag: str  # as S3 returns it, quotes stripped
+    sha256: str | None = None  # hex; only when asked for and the store kept the checksum
+
+
+@dataclass(frozen=True)
+class PresignedPut:
+    """A PUT of exactly one body: the URL and the headers its signature covers, which the
+    uploader must send as they are (the store refuses a body that does not match them)."""
+
+    url: str
+    headers: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -244,25 +268,58 @@ class R2:
         """A URL for HEAD only: the signature covers the method."""
         return self._presign("head_object", key, expires_in)
 
+    def presign_put(
+        self, key: str, expires_in: int, *, size: int, sha256: str, md5: str
+    ) -> PresignedPut:
+        """A URL that writes one body of `size` bytes with this SHA-256 and MD5 (hex): the
+        length, `Content-MD5` and `x-amz-checksum-sha256` are signed headers, so the store
+        refuses any other body (R2: `BadDigest`)."""
+        headers = {
+            "Content-Length": str(size),
+            "Content-MD5": base64.b64encode(bytes.fromhex(md5)).decode(),
+            "x-amz-checksum-sha256": base64.b64encode(bytes.fromhex(sha256)).decode(),
+        }
+        params = {
+            "ContentLength": size,
+            "ContentMD5": headers["Content-MD5"],
+            "ChecksumSHA256": headers["x-amz-checksum-sha256"],
+        }
+        return PresignedPut(self._presign("put_object", key, expires_in, params), headers)
+
     def _presign(
-        self, operation: Literal["get_object", "head_object"], key: str, expires_in: int
+        self,
+        operation: Literal["get_object", "head_object", "put_object"],
+        key: str,
+        expires_in: int,
+        params: Mapping[str, object] | None = None,
     ) -> str:
         if not 1 <= expires_in <= _MAX_PRESIGN_EXPIRY:
             raise ValueError(f"expires_in must be 1..{_MAX_PRESIGN_EXPIRY} seconds")
         return self._s3.generate_presigned_url(
-            operation, Params={"Bucket": self._bucket, "Key": key}, ExpiresIn=expires_in
+            operation,
+            Params={"Bucket": self._bucket, "Key": key, **(params or {})},
+            ExpiresIn=expires_in,
         )
 
-    def head(self, key: str) -> ObjectFacts | None:
-        """The object's size and etag; None only when R2 answers that it does not exist."""
+    def head(self, key: str, *, checksum: bool = False) -> ObjectFacts | None:
+        """The object's size and etag (and with `checksum`, its SHA-256 when the store kept
+        one for the whole object); None only when R2 answers that it does not exist."""
         try:
-            response = self._s3.head_object(Bucket=self._bucket, Key=key)
+            if checksum:
+                response = self._s3.head_object(
+                    Bucket=self._bucket, Key=key, ChecksumMode="ENABLED"
+                )
+            else:
+                response = self._s3.head_object(Bucket=self._bucket, Key=key)
         except (ClientError, BotoCoreError) as error:
             if isinstance(error, ClientError) and _code(error) in _NOT_FOUND_CODES:
                 return None
             raise translate_r2_error(error) from error
         return ObjectFacts(
-            key=key, size=response["ContentLength"], etag=response["ETag"].strip('"')
+            key=key,
+            size=response["ContentLength"],
+            etag=response["ETag"].strip('"'),
+            sha256=_whole_object_sha256(response.get("ChecksumSHA256")),
         )
 
     def delete(self, keys: Sequence[str]) -> DeleteReport:
@@ -352,11 +409,11 @@ class R2:
             raise translate_r2_error(error) from error
         return True
 
-    def lifecycle_problems(self) -> list[str]:
+    def lifecycle_problems(self, checkpoint_days: int) -> list[str]:
         """What keeps the bucket's lifecycle from being the retention backstop; [] if nothing."""
         found = {rule.get("ID"): rule for rule in self._lifecycle_rules()}
         problems: list[str] = []
-        for expected in _LIFECYCLE_RULES:
+        for expected in lifecycle_rules(checkpoint_days):
             rule_id = expected.get("ID")
             rule = found.get(rule_id)
             if rule is None:
@@ -371,13 +428,14 @@ class R2:
                     )
         return problems
 
-    def apply_lifecycle(self) -> None:
-        """Put Seedkeeper's two rules, replacing earlier versions by ID and keeping others."""
-        ours = {rule.get("ID") for rule in _LIFECYCLE_RULES}
+    def apply_lifecycle(self, checkpoint_days: int) -> None:
+        """Put Seedkeeper's rules, replacing earlier versions by ID and keeping others."""
+        rules = lifecycle_rules(checkpoint_days)
+        ours = {rule.get("ID") for rule in rules}
         kept = [rule for rule in self._lifecycle_rules() if rule.get("ID") not in ours]
         try:
             self._s3.put_bucket_lifecycle_configuration(
-                Bucket=self._bucket, LifecycleConfiguration={"Rules": [*kept, *_LIFECYCLE_RULES]}
+                Bucket=self._bucket, LifecycleConfiguration={"Rules": [*kept, *rules]}
             )
         except (ClientError, BotoCoreError) as error:
             raise translate_r2_error(error) from error
@@ -389,6 +447,16 @@ class R2:
             if isinstance(error, ClientError) and _code(error) == "NoSuchLifecycleConfiguration":
                 return []
             raise translate_r2_error(error) from error
+
+
+def _whole_object_sha256(checksum: str | None) -> str | None:
+    """A stored SHA-256 as hex; None for none, or a multipart upload's composite (`...-N`)."""
+    if not checksum or "-" in checksum:
+        return None
+    try:
+        return base64.b64decode(checksum, validate=True).hex()
+    except ValueError:
+        return None
 
 
 def _code(error: ClientError) -> str:

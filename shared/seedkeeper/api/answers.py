@@ -68,6 +68,9 @@ OUTCOMES: Mapping[str, Status] = {
     "Cold": always(HTTPStatus.OK),
     "Seeding": always(HTTPStatus.ACCEPTED),  # poll again
     "Receipt": always(HTTPStatus.OK),
+    "UploadGrant": always(HTTPStatus.OK),
+    "CheckpointRecorded": always(HTTPStatus.OK),
+    "CheckpointNotTaken": always(HTTPStatus.OK),
     "Evidence": always(HTTPStatus.OK),
     "SnapshotStatus": always(HTTPStatus.OK),
     "Health": always(HTTPStatus.OK),
@@ -94,6 +97,9 @@ REFUSALS: Mapping[str, HTTPStatus] = {
     "origin-mismatch": HTTPStatus.CONFLICT,
     "slot-closed": HTTPStatus.CONFLICT,
     "record-unsupported": HTTPStatus.CONFLICT,
+    # a checkpoint (the slot task's calls)
+    "checkpoint-not-open": HTTPStatus.CONFLICT,
+    "checkpoint-unverified": HTTPStatus.CONFLICT,
     # a resource's snapshots
     "resource-not-found": HTTPStatus.NOT_FOUND,
     "rotation-conflict": HTTPStatus.CONFLICT,

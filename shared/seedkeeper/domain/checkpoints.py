@@ -1,8 +1,10 @@
 """Checkpoints: a verified upload of a slot's checkout, tied to one owner and one
-incarnation, kept longer than any idle window plus a grace period."""
+incarnation, kept for the park retention (DESIGN §10)."""
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Annotated
 
 from pydantic import Field
@@ -11,19 +13,53 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from seedkeeper.domain.models import OwnerClaim
 from seedkeeper.domain.record import Checkpoint
 
+_DAY = 86_400
+# A failed checkpoint is asked for again after this long, doubling per failure in a row.
+RETRY_FIRST = 60
+RETRY_MOST = 3600
+
 
 class IdleSettings(BaseSettings):
-    """How long a slot may idle, and how much longer than that a checkpoint is kept."""
+    """How long a slot may idle."""
 
     model_config = SettingsConfigDict(env_prefix="SEEDKEEPER_", extra="ignore", frozen=True)
 
     # Seconds; as short as a second for the local demo, at most a week.
-    idle_window: Annotated[int, Field(ge=1, le=7 * 86_400)] = 1800
-    checkpoint_grace: Annotated[int, Field(ge=3600, le=30 * 86_400)] = 86_400
+    idle_window: Annotated[int, Field(ge=1, le=7 * _DAY)] = 1800
+
+
+class RetentionSettings(BaseSettings):
+    """How long a checkpoint (and the parked slot that names it) is kept."""
+
+    model_config = SettingsConfigDict(env_prefix="SEEDKEEPER_", extra="ignore", frozen=True)
+
+    # Seconds: a day to a year, 30 days unless set.
+    park_retention: Annotated[int, Field(ge=_DAY, le=365 * _DAY)] = 30 * _DAY
+
+
+def checkpoint_key(slot: str, incarnation: str, ordinal: int) -> str:
+    """`checkpoints/<slot>/<incarnation>/<op>.sqsh`. An incarnation is an ARN or a local
+    name: every character a key should not hold becomes `-` (the record keeps the key it
+    verified, so two incarnations that read alike are never confused)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", incarnation).strip(".-")[:160] or "task"
+    return f"checkpoints/{slot}/{name}/{ordinal}.sqsh"
+
+
+def lifecycle_days(settings: RetentionSettings) -> int:
+    """Days after which the bucket's rule deletes a checkpoint object: never before the
+    record's retention ends (a day later: R2's rules run about daily, and the object was
+    uploaded a little before it was recorded)."""
+    return math.ceil(settings.park_retention / _DAY) + 1
+
+
+def retry_after(failures: int) -> int:
+    """Seconds until a checkpoint that failed `failures` times in a row is asked for again."""
+    doubled: int = RETRY_FIRST << min(failures - 1, 16)
+    return min(RETRY_MOST, doubled)
 
 
 def new_checkpoint(
-    settings: IdleSettings,
+    settings: RetentionSettings,
     *,
     key: str,
     size: int,
@@ -33,16 +69,15 @@ def new_checkpoint(
     incarnation: str,
     now: int,
 ) -> Checkpoint:
-    """The record of an upload R2 confirmed (key, size and ETag as R2 answered). It
-    expires only after the longest idle window plus the grace period, so no idle deadline
-    can outlive it."""
+    """The record of an upload R2 confirmed (key, size and ETag as R2 answered), kept for
+    the park retention."""
     return Checkpoint(
         key=key,
         size=size,
         etag=etag,
         sha256=sha256,
         created_at=now,
-        expires_at=now + settings.idle_window + settings.checkpoint_grace,
+        expires_at=now + settings.park_retention,
         owner=owner,
         incarnation=incarnation,
     )

@@ -35,6 +35,9 @@ class Seeded(Model):
     ms: int
     incarnation: str | None
     claim: OwnerClaim | None
+    # The slot was idle and its sandbox stopped for a checkpoint: this poll asked for it
+    # back, and until the slot task has resumed it (within its watch interval) it is frozen.
+    frozen: bool = False
 
 
 class NotSeeded(Model):
@@ -65,8 +68,12 @@ class Receipt(Model):
     checkpoint: CheckpointState
     why: str | None = None  # for "unknown": what made it uncertain
     size: int | None = None
+    sha256: str | None = None
     created_at: int | None = None
     expires_at: int | None = None
+    # A parked slot: its task is stopped and the checkpoint is kept until then.
+    parked: bool = False
+    retention_expires_at: int | None = None
 
 
 class Evidence(Model):
@@ -76,7 +83,35 @@ class Evidence(Model):
     checkpoint: CheckpointState
     # Never a stop permit: the checkout's current bytes, exclusive ownership and detached
     # writers' quiescence are not proven by any of these facts.
-    disposition: Literal["retained", "retired"]
+    disposition: Literal["retained", "retired", "parked"]
+
+
+# -- /checkpoints (the slot task's) ---------------------------------------------------------
+
+
+class UploadGrant(Model):
+    """Where to PUT one checkpoint: the URL and the headers its signature covers."""
+
+    key: str
+    url: str
+    headers: dict[str, str]
+    expires_in: int
+
+
+class CheckpointRecorded(Model):
+    slot: str
+    state: str  # checkpointed, or seeded when a poll came back meanwhile
+    key: str
+    size: int
+    sha256: str
+    created_at: int
+    expires_at: int
+
+
+class CheckpointNotTaken(Model):
+    slot: str
+    state: str
+    retry_at: int  # when the sweep will ask again
 
 
 # -- /snapshots ---------------------------------------------------------------------------

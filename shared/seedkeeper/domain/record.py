@@ -44,11 +44,28 @@ class State(StrEnum):
     SEEDING = "seeding"  # a seed attempt was durably marked before any restore effect
     SEEDED = "seeded"  # restore, fix-up and marker verified; owner bound
     SEED_FAILED = "seed_failed"  # half tree swept; the slot runs cold and may hold work
-    CLOSING = "closing"  # retirement in progress
+    CHECKPOINTING = "checkpointing"  # idle: the slot task is asked to freeze and capture
+    CHECKPOINTED = "checkpointed"  # its frozen work is verified in R2; the task still runs
+    CLOSING = "closing"  # the task is being stopped (retirement or park)
     RETIRED = "retired"  # container stopped after proof; tombstone until TTL
+    PARKED = "parked"  # task stopped after a verified checkpoint; kept until it expires
 
 
-LIVE_STATES = frozenset({State.UNSEEDED, State.SEEDING, State.SEEDED, State.SEED_FAILED})
+# A poll may touch these: a slot whose task is (or may be) running.
+LIVE_STATES = frozenset(
+    {
+        State.UNSEEDED,
+        State.SEEDING,
+        State.SEEDED,
+        State.SEED_FAILED,
+        State.CHECKPOINTING,
+        State.CHECKPOINTED,
+    }
+)
+# A seed succeeded and its result stays while the work is checkpointed and parked.
+SUCCEEDED_STATES = frozenset({State.SEEDED, State.CHECKPOINTING, State.CHECKPOINTED, State.PARKED})
+# No task any more: out of the sweep's index, and expiring (the table's TTL).
+ENDED_STATES = frozenset({State.RETIRED, State.PARKED})
 
 
 class SeedSucceeded(Model):
@@ -102,6 +119,10 @@ class SlotRecord(Model):
     checkpoint: Checkpoint | None = None
     result: SeedResult | None = None
     retained_reason: Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,63}$")] | None = None
+    # Set by the slot task before it stops the sandbox, cleared after it resumes it: while
+    # set, the sandbox may be frozen (a poll says so).
+    frozen_at: EpochSeconds | None = None
+    checkpoint_failures: Annotated[int, Field(ge=1, le=1000)] | None = None  # in a row
     created_at: EpochSeconds
     updated_at: EpochSeconds
     expires_at: EpochSeconds | None = None
@@ -112,17 +133,24 @@ class SlotRecord(Model):
 
     @model_validator(mode="after")
     def _states_carry_their_facts(self) -> SlotRecord:
-        seeded_states = {State.SEEDING, State.SEEDED, State.SEED_FAILED}
+        seeded_states = {State.SEEDING, State.SEED_FAILED, *SUCCEEDED_STATES}
+        # Closing and retired may follow a cold slot or a checkpointed one.
+        either = {State.CLOSING, State.RETIRED}
         if self.state is State.UNSEEDED and self.seed is not None:
             raise ValueError("an unseeded record names a seed")
         if self.state in seeded_states and self.seed is None:
             raise ValueError(f"a {self.state} record names no seed")
-        if (self.state is State.SEEDED) != isinstance(self.result, SeedSucceeded):
-            raise ValueError("only a seeded record carries a successful result")
+        succeeded = isinstance(self.result, SeedSucceeded)
+        if self.state not in either and (self.state in SUCCEEDED_STATES) != succeeded:
+            raise ValueError(f"a {self.state} record and its result disagree")
         if (self.state is State.SEED_FAILED) != isinstance(self.result, SeedFailed):
             raise ValueError("only a seed_failed record carries a failed result")
-        if (self.state is State.RETIRED) != (self.expires_at is not None):
-            raise ValueError("exactly the retired records carry expires_at")
+        if (self.state in ENDED_STATES) != (self.expires_at is not None):
+            raise ValueError("exactly the retired and parked records carry expires_at")
+        if self.state is State.PARKED and self.checkpoint is None:
+            raise ValueError("a parked record names no checkpoint")
+        if self.frozen_at is not None and self.state in ENDED_STATES:
+            raise ValueError(f"a {self.state} record has no task to be frozen")
         return self
 
 
@@ -176,7 +204,7 @@ def encode(record: SlotRecord) -> dict[str, Any]:
         "next_ordinal": window.next_ordinal,
         "open_ops": window.unsettled,
     }
-    if record.state is not State.RETIRED:
+    if record.state not in ENDED_STATES:
         item["sweep"] = SWEEP_PARTITION
     return item
 
@@ -214,7 +242,7 @@ def decode(item: dict[str, Any]) -> SlotRecord:
     record = validate_item(SlotRecord, fields)
     if open_ops != record.window.unsettled:
         raise ValueError("open_ops does not count the unsettled operations")
-    if sweep != (None if record.state is State.RETIRED else SWEEP_PARTITION):
+    if sweep != (None if record.state in ENDED_STATES else SWEEP_PARTITION):
         raise ValueError("sweep does not match the state")
     return record
 

@@ -23,9 +23,11 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from seedkeeper.domain import opwindow
+from seedkeeper.domain.checkpoints import counts_for, retry_after
 from seedkeeper.domain.models import Binding, Incarnation
 from seedkeeper.domain.opwindow import Actor, Operation, OpKind, OpRef, Window
 from seedkeeper.domain.record import (
+    ENDED_STATES,
     LIVE_STATES,
     Checkpoint,
     SeedFailed,
@@ -115,6 +117,7 @@ class Transition(Generic[P]):
     checks: tuple[Check, ...]  # in order; exactly one `InState`
     effect: Callable[[SlotRecord, P], Decision]  # may still refuse (a full window, say)
     to: frozenset[State] = frozenset()  # the states it may move to; empty: the state stays
+    stays: frozenset[State] = frozenset()  # states it leaves as they are (not drawn as moves)
     already: Callable[[SlotRecord, P], Acknowledged | None] = field(
         default=lambda record, params: None
     )
@@ -185,6 +188,41 @@ class Uploaded:
 
 
 @dataclass(frozen=True)
+class Freezing:
+    """The slot task of `attempt` is about to stop its sandbox for the checkpoint `op`."""
+
+    attempt: int
+    op: OpRef
+    now: int
+
+
+@dataclass(frozen=True)
+class Thawed:
+    """The slot task resumed its sandbox after a touch; `op` (the checkpoint it was making,
+    if any) is abandoned."""
+
+    attempt: int
+    op: OpRef | None
+    now: int
+
+
+@dataclass(frozen=True)
+class CheckpointFailed:
+    """The slot task resumed its sandbox after its checkpoint `op` failed for `reason`."""
+
+    op: OpRef
+    reason: str
+    now: int
+
+
+@dataclass(frozen=True)
+class Parked:
+    stop: OpRef
+    now: int
+    expires_at: int
+
+
+@dataclass(frozen=True)
 class Retained:
     reason: str
     now: int
@@ -241,16 +279,28 @@ def _extend(record: SlotRecord, poll: Poll) -> Decision:
     return Change(_next(record, poll.now, idle_deadline=poll.idle_deadline))
 
 
+# The identity first: a caller that is not the slot's own learns nothing of its state.
+_OWN_BINDING: tuple[Check, ...] = (
+    Equals("owner", lambda p: p.binding.owner, "claim-mismatch"),
+    Equals("seed", lambda p: p.binding.seed, "seed-mismatch"),
+    Equals("origin", lambda p: p.binding.origin, "origin-mismatch"),
+)
+
 TOUCH = Transition[Poll](
     "touch",
-    # The identity first: a caller that is not the slot's own learns nothing of its state.
-    checks=(
-        Equals("owner", lambda p: p.binding.owner, "claim-mismatch"),
-        Equals("seed", lambda p: p.binding.seed, "seed-mismatch"),
-        Equals("origin", lambda p: p.binding.origin, "origin-mismatch"),
-        InState(LIVE_STATES, reason="slot-closed"),
-    ),
+    checks=(*_OWN_BINDING, InState(LIVE_STATES, reason="slot-closed")),
     effect=_extend,
+)
+
+# Asked to checkpoint, then touched: the work is wanted again. Written after a touch
+# returns one of these states; the slot task sees `seeded` and resumes the sandbox.
+CHECKPOINT_STATES = frozenset({State.CHECKPOINTING, State.CHECKPOINTED})
+
+THAW = Transition[Poll](
+    "thaw",
+    checks=(*_OWN_BINDING, InState(CHECKPOINT_STATES)),
+    effect=lambda record, p: Change(_next(record, p.now, state=State.SEEDED)),
+    to=frozenset({State.SEEDED}),
 )
 
 
@@ -384,11 +434,101 @@ RETIRE = Transition[Stopped](
 )
 
 
+def _request_checkpoint(record: SlotRecord, at: At) -> Decision:
+    """The slot task will freeze, capture and upload: its `checkpoint` op is reserved in
+    the same write that asks for it."""
+    if record.incarnation is None:
+        return Refused("task-unknown")
+    reserved = opwindow.reserve(record.window, OpKind.CHECKPOINT, Actor.SLOT_TASK, record.attempt)
+    if isinstance(reserved, opwindow.WindowFull):
+        return Refused("window-full")
+    changed = _next(record, at.now, state=State.CHECKPOINTING, window=reserved.window)
+    return Change(changed, reserved.entry)
+
+
+REQUEST_CHECKPOINT = Transition[At](
+    "request_checkpoint",
+    # The sweep's first step with an idle seeded slot: nothing is stopped by it.
+    checks=(
+        Below("idle_deadline", lambda p: p.now, "not-idle"),
+        InState(frozenset({State.SEEDED})),
+        Equals("open_ops", lambda p: 0, "unsettled-operations"),
+    ),
+    effect=_request_checkpoint,
+    to=frozenset({State.CHECKPOINTING}),
+)
+
+
+def _open_checkpoint(record: SlotRecord, op: OpRef) -> bool:
+    entry = record.window.entry(op.ordinal)
+    return (
+        entry is not None
+        and entry.ref == op
+        and entry.kind is OpKind.CHECKPOINT
+        and not entry.settled
+    )
+
+
+def _freeze(record: SlotRecord, freezing: Freezing) -> Decision:
+    if not _open_checkpoint(record, freezing.op):
+        return Refused("checkpoint-not-open")
+    return Change(_next(record, freezing.now, frozen_at=freezing.now))
+
+
+FREEZE = Transition[Freezing](
+    "freeze",
+    # Written before the sandbox is stopped, so a poll never says "not frozen" while it is.
+    checks=(
+        Equals("attempt", lambda p: p.attempt, "attempt-superseded"),
+        InState(frozenset({State.CHECKPOINTING})),
+    ),
+    effect=_freeze,
+    already=lambda record, p: Acknowledged(record) if record.frozen_at is not None else None,
+)
+
+
+def _thawed(record: SlotRecord, thawed: Thawed) -> Decision:
+    window = record.window
+    if thawed.op is not None and _open_checkpoint(record, thawed.op):
+        settled = opwindow.settle(window, thawed.op, "abandoned")
+        assert isinstance(settled, opwindow.Changed)
+        window = settled.window
+    return Change(_next(record, thawed.now, frozen_at=None, window=window))
+
+
+def _already_thawed(record: SlotRecord, thawed: Thawed) -> Acknowledged | None:
+    open_op = thawed.op is not None and _open_checkpoint(record, thawed.op)
+    return Acknowledged(record) if record.frozen_at is None and not open_op else None
+
+
+THAWED = Transition[Thawed](
+    "thawed",
+    # Written after the sandbox is resumed (a touch moved the slot back to seeded).
+    checks=(
+        Equals("attempt", lambda p: p.attempt, "attempt-superseded"),
+        InState(frozenset({State.SEEDED})),
+    ),
+    effect=_thawed,
+    already=_already_thawed,
+)
+
+
 def _record_checkpoint(record: SlotRecord, uploaded: Uploaded) -> Decision:
+    if not _open_checkpoint(record, uploaded.upload):
+        return Refused("checkpoint-not-open")
     settled = opwindow.settle(record.window, uploaded.upload, "uploaded")
-    if not isinstance(settled, opwindow.Changed) or settled.entry.kind is not OpKind.CHECKPOINT:
-        return Refused("upload-not-open")
-    changed = _next(record, uploaded.now, checkpoint=uploaded.checkpoint, window=settled.window)
+    assert isinstance(settled, opwindow.Changed)
+    # Touched meanwhile (seeded): the checkpoint is recorded all the same, the state stays.
+    state = State.CHECKPOINTED if record.state is State.CHECKPOINTING else record.state
+    changed = _next(
+        record,
+        uploaded.now,
+        state=state,
+        checkpoint=uploaded.checkpoint,
+        window=settled.window,
+        checkpoint_failures=None,
+        retained_reason=None,
+    )
     return Change(changed, settled.entry)
 
 
@@ -396,11 +536,104 @@ RECORD_CHECKPOINT = Transition[Uploaded](
     "record_checkpoint",
     # A verified checkpoint of this owner's work in this incarnation, settling its upload.
     checks=(
-        InState(frozenset({State.SEEDED, State.SEED_FAILED, State.CLOSING})),
-        Equals("owner", lambda p: p.checkpoint.owner, "checkpoint-owner-mismatch"),
-        Equals("incarnation", lambda p: p.checkpoint.incarnation, "checkpoint-owner-mismatch"),
+        Equals("incarnation", lambda p: p.checkpoint.incarnation, "incarnation-mismatch"),
+        Equals("owner", lambda p: p.checkpoint.owner, "claim-mismatch"),
+        Equals("attempt", lambda p: p.upload.generation, "attempt-superseded"),
+        InState(frozenset({State.CHECKPOINTING, State.SEEDED})),
     ),
     effect=_record_checkpoint,
+    to=frozenset({State.CHECKPOINTED}),
+    stays=frozenset({State.SEEDED}),
+    already=lambda record, p: Acknowledged(record) if record.checkpoint == p.checkpoint else None,
+)
+
+
+def _checkpoint_failed(record: SlotRecord, failed: CheckpointFailed) -> Decision:
+    """Nothing is parked: the slot is seeded again, asked again after a backoff (its idle
+    deadline moves to then), and says why."""
+    if not _open_checkpoint(record, failed.op):
+        return Refused("checkpoint-not-open")
+    settled = opwindow.settle(record.window, failed.op, failed.reason)
+    assert isinstance(settled, opwindow.Changed)
+    failures = min((record.checkpoint_failures or 0) + 1, 1000)
+    changed = _next(
+        record,
+        failed.now,
+        state=State.SEEDED,
+        window=settled.window,
+        frozen_at=None,
+        checkpoint_failures=failures,
+        retained_reason="checkpoint-failed",
+        idle_deadline=max(record.idle_deadline, failed.now + retry_after(failures)),
+    )
+    return Change(changed, settled.entry)
+
+
+CHECKPOINT_FAILED = Transition[CheckpointFailed](
+    "checkpoint_failed",
+    checks=(
+        Equals("attempt", lambda p: p.op.generation, "attempt-superseded"),
+        InState(frozenset({State.CHECKPOINTING, State.SEEDED})),
+    ),
+    effect=_checkpoint_failed,
+    to=frozenset({State.SEEDED}),
+    stays=frozenset({State.SEEDED}),
+)
+
+
+def _reserve_park(record: SlotRecord, at: At) -> Decision:
+    """The checkpoint must count for this owner and incarnation: only then is the task's
+    disk allowed to go."""
+    if not counts_for(
+        record.checkpoint, owner=record.owner, incarnation=record.incarnation, now=at.now
+    ):
+        return Refused("checkpoint-not-counted")
+    return _reserve_stop(record, at)
+
+
+FENCE_PARK = Transition[At](
+    "fence_park",
+    # A touch (a new deadline, a new rev, `seeded`) in the same tick makes it fail.
+    checks=(
+        Below("idle_deadline", lambda p: p.now, "not-idle"),
+        InState(frozenset({State.CHECKPOINTED})),
+        Equals("open_ops", lambda p: 0, "unsettled-operations"),
+    ),
+    effect=_reserve_park,
+    to=frozenset({State.CLOSING}),
+)
+
+
+def _park(record: SlotRecord, parked: Parked) -> Decision:
+    checkpoint = record.checkpoint
+    if checkpoint is None or not counts_for(
+        checkpoint, owner=record.owner, incarnation=record.incarnation, now=parked.now
+    ):
+        return Refused("checkpoint-not-counted")
+    if parked.expires_at < checkpoint.expires_at:
+        return Refused("expires-before-checkpoint")  # the record outlives what it names
+    settled = opwindow.settle(record.window, parked.stop, "stopped")
+    if not isinstance(settled, opwindow.Changed) or settled.entry.kind is not OpKind.STOP:
+        return Refused("stop-not-open")
+    if settled.window.unsettled:
+        return Refused("unsettled-operations")
+    changed = _next(
+        record,
+        parked.now,
+        state=State.PARKED,
+        window=settled.window,
+        frozen_at=None,
+        expires_at=parked.expires_at,
+    )
+    return Change(changed, settled.entry)
+
+
+PARK = Transition[Parked](
+    "park",
+    checks=(InState(frozenset({State.CLOSING})),),  # only through the park fence
+    effect=_park,
+    to=frozenset({State.PARKED}),
+    already=lambda record, p: Acknowledged(record) if record.state is State.PARKED else None,
 )
 
 
@@ -428,12 +661,13 @@ RESERVE = Transition[Reservation](
 )
 
 
-# Settled only by the transition that also moves the state: `SETTLE_SEED` and `RETIRE`.
-_SETTLED_WITH_STATE = frozenset({OpKind.RESTORE, OpKind.STOP})
+# Settled only by the transitions that also move the state: `SETTLE_SEED`, `RETIRE` and
+# `PARK`, and for a checkpoint `RECORD_CHECKPOINT`, `CHECKPOINT_FAILED` or `THAWED`.
+_SETTLED_WITH_STATE = frozenset({OpKind.RESTORE, OpKind.STOP, OpKind.CHECKPOINT})
 
 
 def _settle(record: SlotRecord, settlement: Settlement) -> Decision:
-    """A launch or a checkpoint upload settled on its own (a failed upload, say)."""
+    """A launch settled on its own."""
     entry = record.window.entry(settlement.ref.ordinal)
     if entry is not None and entry.kind in _SETTLED_WITH_STATE:
         return Refused(f"{entry.kind}-settles-with-its-state")
@@ -455,7 +689,14 @@ TRANSITIONS: tuple[Transition[Any], ...] = (
     BEGIN_ATTEMPT,
     FENCE,
     RETIRE,
+    REQUEST_CHECKPOINT,
+    FREEZE,
+    THAW,
+    THAWED,
     RECORD_CHECKPOINT,
+    CHECKPOINT_FAILED,
+    FENCE_PARK,
+    PARK,
     NOTE_RETAINED,
     RESERVE,
     SETTLE,
@@ -469,9 +710,9 @@ def mermaid() -> str:
     lines = ["stateDiagram-v2"]
     lines += [f"    [*] --> {state}: born" for state in _ordered(BIRTH_STATES)]
     for transition in TRANSITIONS:
-        for source in _ordered(transition.source):
+        for source in _ordered(transition.source - transition.stays):
             lines += [f"    {source} --> {to}: {transition.name}" for to in _ordered(transition.to)]
-    lines.append(f"    {State.RETIRED} --> [*]: expires")
+    lines += [f"    {state} --> [*]: expires" for state in _ordered(ENDED_STATES)]
     return "\n".join(lines)
 
 

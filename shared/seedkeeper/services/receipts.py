@@ -10,6 +10,7 @@ permits a stop.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 from seedkeeper.adapters.r2 import R2
 from seedkeeper.domain.checkpoints import counts_for
@@ -33,6 +34,10 @@ class EvidenceRequest(Model):
     claim: OwnerClaim
 
 
+_DISPOSITIONS: dict[State, Literal["retired", "parked"]] = {
+    State.RETIRED: "retired",
+    State.PARKED: "parked",
+}
 # The one refusal for an absent slot and for any mismatch: no existence oracle.
 NO_MATCH = "no-match"
 
@@ -59,13 +64,17 @@ class Witness:
             return Refused(NO_MATCH)
         state, why = self._checkpoint_state(record)
         checkpoint = record.checkpoint if state != "unknown" else None
+        parked = record.state is State.PARKED
         return Receipt(
             slot=request.slot,
             checkpoint=state,
             why=why,
             size=checkpoint.size if checkpoint else None,
+            sha256=checkpoint.sha256 if checkpoint else None,
             created_at=checkpoint.created_at if checkpoint else None,
             expires_at=checkpoint.expires_at if checkpoint else None,
+            parked=parked,
+            retention_expires_at=checkpoint.expires_at if checkpoint and parked else None,
         )
 
     def evidence(self, request: EvidenceRequest) -> Evidence | Refused:
@@ -79,7 +88,7 @@ class Witness:
             incarnation=record.incarnation,
             state=record.state.value,
             checkpoint=state,
-            disposition="retired" if record.state is State.RETIRED else "retained",
+            disposition=_DISPOSITIONS.get(record.state, "retained"),
         )
 
     def _checkpoint_state(self, record: SlotRecord) -> tuple[CheckpointState, str | None]:

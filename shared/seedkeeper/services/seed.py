@@ -22,6 +22,7 @@ from seedkeeper.domain.opwindow import OpRef
 from seedkeeper.domain.outcomes import Cold, NotSeeded, Seeded, Seeding, SeedOutcome
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import (
+    SUCCEEDED_STATES,
     Absent,
     SeedFailed,
     SeedSucceeded,
@@ -88,7 +89,7 @@ class SeedService:
             poll = Poll(request.binding, now=now, idle_deadline=now + self._settings.idle_window)
             touched = self._lifecycle.touch(request.slot, poll)
             if isinstance(touched, Written):
-                return self._attach(request, touched.record)
+                return self._attach(request, self._thawed(touched.record, poll))
             current = touched.current
             if isinstance(current, Supported):
                 refused = TOUCH.decide(current.record, poll)
@@ -101,6 +102,18 @@ class SeedService:
             if born is not None:
                 return born
         return Refused("retry-later")
+
+    def _thawed(self, record: SlotRecord, poll: Poll) -> SlotRecord:
+        """A poll of a slot being checkpointed wants its work back: `seeded` again, so its
+        task resumes the sandbox and the sweep's park fence fails (the touch alone already
+        made it fail). One more write, only in this case. If it cannot be written the
+        record is answered as it is: still frozen."""
+        if record.state not in transitions.CHECKPOINT_STATES:
+            return record
+        thawed = self._lifecycle.write(transitions.THAW, record, poll)  # as the touch returned it
+        if isinstance(thawed, Conflict):
+            thawed = self._lifecycle.apply(record.slot, transitions.THAW, poll)
+        return thawed.record if isinstance(thawed, Written | Acknowledged) else record
 
     def _birth(self, request: SeedRequest) -> SeedOutcome | None:
         """None when another caller's birth won the race: the caller re-decides. A seeded
@@ -196,7 +209,7 @@ class SeedService:
 def outcome_of(record: SlotRecord) -> Seeded | NotSeeded | Cold | Seeding:
     """What a seed answers about the record as it now is."""
     result = record.result
-    if record.state is State.SEEDED and isinstance(result, SeedSucceeded):
+    if isinstance(result, SeedSucceeded) and record.state in SUCCEEDED_STATES:
         return Seeded(
             cached=True,
             ref=result.ref,
@@ -206,6 +219,7 @@ def outcome_of(record: SlotRecord) -> Seeded | NotSeeded | Cold | Seeding:
             ms=result.ms,
             incarnation=record.incarnation,
             claim=record.owner,
+            frozen=record.frozen_at is not None or record.state is not State.SEEDED,
         )
     if record.state is State.SEED_FAILED and isinstance(result, SeedFailed):
         return NotSeeded(reason=result.reason, step=result.step, detail=result.detail)

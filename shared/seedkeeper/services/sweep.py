@@ -1,12 +1,14 @@
-"""The idle sweep: stops only positively-unseeded idle slots; retains everything else.
+"""The idle sweep: stops positively-unseeded idle slots, and reclaims a seeded one only
+after its work is verified in R2 (DESIGN §10); retains everything else.
 
 It reads the sparse index's expired slots (`SweepIndex`), so its cost follows the expired
 slots, never the table, in bounded pages with a cursor kept in the table so a long backlog
-is resumed, not restarted. For each slot the decision is pure (`domain.sweep.decide`); the
-only road to a stop is the fence write (`unseeded`, still expired, nothing in flight, same
-`rev`), then the runtime's stop, then retirement. A touch in the same tick makes the fence
-fail. Every other slot is retained with its reason recorded once and counted in a metric.
-It also pays the rotation ledger's pending deletions.
+is resumed, not restarted. For each slot the decision is pure (`domain.sweep.decide`).
+The only roads to a stop are the two fences (`unseeded`, or `checkpointed` with a counted
+checkpoint; still expired, nothing in flight, same `rev`), then the runtime's stop, then
+retirement or park. An idle seeded slot is only asked to checkpoint (one write). A touch in
+the same tick makes any fence fail. Every other slot is retained with its reason recorded
+once and counted in a metric. It also pays the rotation ledger's pending deletions.
 """
 
 from __future__ import annotations
@@ -21,10 +23,22 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from seedkeeper.adapters.runtime import SlotRuntime
-from seedkeeper.domain.record import Classified
+from seedkeeper.domain.opwindow import OpKind
+from seedkeeper.domain.record import Classified, SlotRecord, State
 from seedkeeper.domain.runtime import TaskStatus
-from seedkeeper.domain.sweep import Leave, Retain, Stop, decide
-from seedkeeper.domain.transitions import FENCE, NOTE_RETAINED, RETIRE, At, Retained, Stopped
+from seedkeeper.domain.sweep import Finish, Leave, Park, RequestCheckpoint, Retain, decide
+from seedkeeper.domain.transitions import (
+    FENCE,
+    FENCE_PARK,
+    NOTE_RETAINED,
+    PARK,
+    REQUEST_CHECKPOINT,
+    RETIRE,
+    At,
+    Parked,
+    Retained,
+    Stopped,
+)
 from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.observability import METRICS_NAMESPACE, logger
 from seedkeeper.services.rotation import Snapshots
@@ -44,6 +58,8 @@ class SweepSettings(BaseSettings):
 class Report:
     read: int = 0  # index entries read (plus the cursor item)
     stopped: list[str] = field(default_factory=list)
+    checkpoints_requested: list[str] = field(default_factory=list)
+    parked: list[str] = field(default_factory=list)
     retained: Counter[str] = field(default_factory=Counter)
     left: Counter[str] = field(default_factory=Counter)
     resumed_from_cursor: bool = False
@@ -54,6 +70,8 @@ class Report:
         return {
             "read": self.read,
             "stopped": self.stopped,
+            "checkpoints_requested": self.checkpoints_requested,
+            "parked": self.parked,
             "retained": dict(self.retained),
             "left": dict(self.left),
             "finished": self.finished,
@@ -111,25 +129,48 @@ class Sweeper:
                 retained = Retained(disposition.reason, now=now)
                 self._lifecycle.write(NOTE_RETAINED, disposition.record, retained)
             return
-        if self._stop(disposition, now):
-            report.stopped.append(disposition.record.slot)
+        if isinstance(disposition, RequestCheckpoint):
+            asked = self._lifecycle.write(REQUEST_CHECKPOINT, disposition.record, At(now))
+            if isinstance(asked, Written):
+                report.checkpoints_requested.append(disposition.record.slot)
+            else:
+                report.retained["touched"] += 1
+            return
+        slot = disposition.record.slot
+        if isinstance(disposition, Finish):
+            done = self._close(disposition.record, disposition.park, now)
         else:
+            fence = FENCE_PARK if isinstance(disposition, Park) else FENCE
+            fenced = self._lifecycle.write(fence, disposition.record, At(now))
+            # Touched, seeded or moved in the meantime: retained.
+            parking = isinstance(disposition, Park)
+            done = self._close(fenced.record, parking, now) if isinstance(fenced, Written) else None
+        if not done:
             report.retained["touched"] += 1
+        elif done.state is State.PARKED:
+            report.parked.append(slot)
+        else:
+            report.stopped.append(slot)
 
-    def _stop(self, disposition: Stop, now: int) -> bool:
-        fenced = self._lifecycle.write(FENCE, disposition.record, At(now))
-        if not isinstance(fenced, Written):
-            return False  # touched, seeded or moved in the meantime: retained
-        record, stop = fenced.record, fenced.entry
-        assert stop is not None
+    def _close(self, record: SlotRecord, park: bool, now: int) -> SlotRecord | None:
+        """Stop the fenced slot's task, then retire it, or park it when its checkpoint
+        counts (kept until the checkpoint expires, and a tombstone's time after)."""
+        stop = next(e for e in record.window.entries if e.kind is OpKind.STOP and not e.settled)
         assert record.incarnation is not None
         try:
             self._runtime().stop(record.incarnation)
         except RuntimeUnavailable:
             logger.warning("stop failed; the slot stays closing", slot=record.slot)
-            return False
-        stopped = Stopped(stop.ref, now=now, expires_at=now + self._settings.tombstone)
-        return isinstance(self._lifecycle.write(RETIRE, record, stopped), Written)
+            return None
+        tombstone = self._settings.tombstone
+        if park:
+            assert record.checkpoint is not None
+            expires_at = max(record.checkpoint.expires_at, now) + tombstone
+            closed = self._lifecycle.write(PARK, record, Parked(stop.ref, now, expires_at))
+        else:
+            stopped = Stopped(stop.ref, now=now, expires_at=now + tombstone)
+            closed = self._lifecycle.write(RETIRE, record, stopped)
+        return closed.record if isinstance(closed, Written) else None
 
     def _status(self, incarnation: str) -> TaskStatus:
         try:
@@ -155,12 +196,14 @@ class Sweeper:
                 namespace=METRICS_NAMESPACE,
             ) as metric:
                 metric.add_dimension(name="reason", value=reason)
-        if report.stopped:
-            with single_metric(
-                name="SlotsStopped",
-                unit=MetricUnit.Count,
-                value=len(report.stopped),
-                namespace=METRICS_NAMESPACE,
-            ):
-                pass
+        for name, slots in (
+            ("SlotsStopped", report.stopped),
+            ("CheckpointsRequested", report.checkpoints_requested),
+            ("SlotsParked", report.parked),
+        ):
+            if slots:
+                with single_metric(
+                    name=name, unit=MetricUnit.Count, value=len(slots), namespace=METRICS_NAMESPACE
+                ):
+                    pass
         logger.info("sweep done", **report.summary())

@@ -24,6 +24,7 @@ from seedkeeper.domain.opwindow import WINDOW_SIZE, Operation
 from seedkeeper.domain.record import (
     LIVE_STATES,
     SCHEMA,
+    SUCCEEDED_STATES,
     SWEEP_PARTITION,
     Classified,
     FailureReason,
@@ -84,11 +85,12 @@ class Lifecycle:
     def __init__(self, table: Table) -> None:
         self._table = table
 
-    def read(self, slot: str) -> Classified:
-        """The record as it is now. Strongly consistent: reads that decide must not see
-        the past."""
+    def read(self, slot: str, *, consistent: bool = True) -> Classified:
+        """The record as it is now. Strongly consistent unless told: reads that decide must
+        not see the past. A watcher that only looks for a change (the slot task's, half the
+        cost) reads eventually consistent and re-reads consistently before it acts."""
         try:
-            response = self._table.get_item(Key=slot_key(slot), ConsistentRead=True)
+            response = self._table.get_item(Key=slot_key(slot), ConsistentRead=consistent)
         except ClientError as error:
             raise translate_client_error(error) from error
         return classify(slot, response.get("Item"))
@@ -205,6 +207,20 @@ class Lifecycle:
             return self._conflict(record.slot, error)
         return Written(decision.record, decision.entry)
 
+    def apply(self, slot: str, transition: Transition[P], params: P, *, rounds: int = 4) -> Outcome:
+        """Read, decide and write `transition`, re-deciding on the newer record when someone
+        moved first (a poll's touch, say). A `Conflict` comes back only when the record is
+        not one this code may write, or it kept moving for `rounds` reads."""
+        outcome: Outcome = Conflict(self.read(slot))
+        for _ in range(rounds):
+            assert isinstance(outcome, Conflict)
+            if not isinstance(outcome.current, Supported):
+                return outcome
+            outcome = self.write(transition, outcome.current.record, params)
+            if not isinstance(outcome, Conflict):
+                return outcome
+        return outcome
+
     @staticmethod
     def _conflict(slot: str, error: ClientError) -> Conflict:
         if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
@@ -264,6 +280,7 @@ _MAX_INCARNATION = 512
 _MAX_BACKUP_ID = 128
 _MAX_BRANCH = 255
 _PENDING_STATES = (State.UNSEEDED, State.SEEDING)  # no verdict yet: no result
+_SUCCEEDED_LIVE = sorted(state.value for state in SUCCEEDED_STATES & LIVE_STATES)
 
 
 def _touchable(*, seeded: bool) -> ConditionBase:
@@ -276,7 +293,7 @@ def _touchable(*, seeded: bool) -> ConditionBase:
     if seeded:
         verdict = (
             verdict
-            | (Attr("state").eq(State.SEEDED.value) & _succeeded())
+            | (Attr("state").is_in(_SUCCEEDED_LIVE) & _succeeded())
             | (Attr("state").eq(State.SEED_FAILED.value) & _failed())
         )
     return (
@@ -298,6 +315,8 @@ def _touchable(*, seeded: bool) -> ConditionBase:
         )
         & _optional("incarnation", _text("incarnation", 1, _MAX_INCARNATION))
         & _optional("retained_reason", _text("retained_reason", 1, 64))
+        & _optional("frozen_at", _number("frozen_at", 0))
+        & _optional("checkpoint_failures", _number("checkpoint_failures", 1, 1000))
         & _optional("checkpoint", _checkpoint())
     )
 

@@ -2,6 +2,11 @@
 SigV4 signature, builds the event Lambda would build (payload format 2.0), and hands it
 to the same handler module that runs in AWS.
 
+Two principals sign, as in a deployment: the executor, whose credentials are accepted on
+every route but the checkpoint function's, and the slot task role, whose credentials are
+accepted on that route alone (template.yaml lets the role invoke that one function). A
+request signed by the other principal is refused like any bad signature.
+
 It refuses what a function URL refuses, and answers every refusal in JSON: a body framed
 any way but one decimal Content-Length that arrives in full, a repeated Host, any method
 before its signature is checked, and whatever Python's HTTP parser rejects.
@@ -42,9 +47,14 @@ ROUTES = (
     ("/receipt", "receipt"),
     ("/slot-evidence", "slot_evidence"),
     ("/snapshots", "rotation"),
+    ("/checkpoints", "checkpoint"),
     ("/healthz", "seed"),
 )
+# The functions only the slot task role may invoke, and it no other.
+TASK_FUNCTIONS = frozenset({"checkpoint"})
 ACCOUNT = "000000000000"
+TASK_ROLE_ARN = f"arn:aws:sts::{ACCOUNT}:assumed-role/seedkeeper-slot-task/local"
+EXECUTOR_ARN = f"arn:aws:iam::{ACCOUNT}:user/local"
 # A client that stops sending for this long gets its answer (or its connection closed).
 REQUEST_TIMEOUT = 10.0
 # Digits only (no sign, `_` or base prefix that int() would take), few enough that int()
@@ -58,6 +68,25 @@ Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 class LocalCredentials:
     access_key: str
     secret_key: str
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Whose signature a route takes, and how the event names them
+    (`requestContext.authorizer.iam`, as Lambda fills it in for a function URL)."""
+
+    credentials: LocalCredentials
+    user_arn: str
+    user_id: str
+
+    def iam(self) -> dict[str, str]:
+        return {
+            "accessKey": self.credentials.access_key,
+            "accountId": ACCOUNT,
+            "callerId": self.user_id,
+            "userArn": self.user_arn,
+            "userId": self.user_id,
+        }
 
 
 @dataclass(frozen=True)
@@ -96,10 +125,20 @@ class FunctionUrlGateway(http.server.ThreadingHTTPServer):
         port: int,
         credentials: LocalCredentials,
         *,
+        task_credentials: LocalCredentials | None = None,
         region: str,
         request_timeout: float = REQUEST_TIMEOUT,
     ) -> None:
+        """`credentials` are the executor's; `task_credentials` stand in for the slot task
+        role (None: no one may call the checkpoint function)."""
         self.credentials = credentials
+        self.task_credentials = task_credentials
+        self._executor = Principal(credentials, EXECUTOR_ARN, "local")
+        self._task = (
+            None
+            if task_credentials is None
+            else Principal(task_credentials, TASK_ROLE_ARN, "AROALOCALSLOTTASK:local")
+        )
         self.region = region  # a signature scoped to any other region is refused
         self.request_timeout = request_timeout
         self.handlers = {name: load_handler(name) for _, name in ROUTES}
@@ -147,6 +186,11 @@ class FunctionUrlGateway(http.server.ThreadingHTTPServer):
                 return name
         return None
 
+    def principal(self, function: str | None) -> Principal | None:
+        """Whose signature `function` takes (a path no function serves takes the executor's,
+        as every other route does); None when no one may call it."""
+        return self._task if function in TASK_FUNCTIONS else self._executor
+
 
 class _Request(http.server.BaseHTTPRequestHandler):
     server: FunctionUrlGateway
@@ -183,26 +227,19 @@ class _Request(http.server.BaseHTTPRequestHandler):
         if isinstance(body, HTTPStatus):
             self._refuse(body)
             return
-        refused = verify(
-            method=self.command,
-            url=f"http://{self.headers['Host']}{self.path}",
-            headers=self.headers.items(),
-            body=body,
-            access_key=self.server.credentials.access_key,
-            secret_key=self.server.credentials.secret_key,
-            region=self.server.region,
-            now=datetime.now(UTC),
-        )
-        if refused is not None:
-            logger.info("local gateway refused a request", why=refused)
-            self._answer(HTTPStatus.FORBIDDEN)
-            return
         path = urlsplit(self.path).path
         function = self.server.route(path)
+        # Each route takes one principal's signature: another's is a wrong credential.
+        principal = self.server.principal(function)
+        refused = "no-principal" if principal is None else self._refusal(principal, body)
+        if principal is None or refused is not None:
+            logger.info("local gateway refused a request", why=refused, function=function)
+            self._answer(HTTPStatus.FORBIDDEN)
+            return
         if function is None:
             self._answer(HTTPStatus.NOT_FOUND)
             return
-        event = self._event(path, body)
+        event = self._event(path, body, principal)
         context = _Context(
             function_name=f"seedkeeper-{function}",
             aws_request_id=event["requestContext"]["requestId"],
@@ -214,6 +251,19 @@ class _Request(http.server.BaseHTTPRequestHandler):
         payload = response.get("body") or ""
         raw = base64.b64decode(payload) if response.get("isBase64Encoded") else payload.encode()
         self._send(response.get("statusCode", 200), response.get("headers", {}), raw)
+
+    def _refusal(self, principal: Principal, body: bytes) -> str | None:
+        """None when `principal` signed this request; otherwise why not."""
+        return verify(
+            method=self.command,
+            url=f"http://{self.headers['Host']}{self.path}",
+            headers=self.headers.items(),
+            body=body,
+            access_key=principal.credentials.access_key,
+            secret_key=principal.credentials.secret_key,
+            region=self.server.region,
+            now=datetime.now(UTC),
+        )
 
     # Every method a function URL takes is authenticated first, then the function decides.
     do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _serve
@@ -243,8 +293,9 @@ class _Request(http.server.BaseHTTPRequestHandler):
         self.close_connection = True
         self._answer(status)
 
-    def _event(self, path: str, body: bytes) -> dict[str, Any]:
-        """The function URL event Lambda builds (payload format 2.0), credentials removed."""
+    def _event(self, path: str, body: bytes, principal: Principal) -> dict[str, Any]:
+        """The function URL event Lambda builds (payload format 2.0), credentials removed,
+        naming the principal that signed."""
         query = urlsplit(self.path).query
         headers = {
             name.lower(): value
@@ -262,15 +313,7 @@ class _Request(http.server.BaseHTTPRequestHandler):
             "requestContext": {
                 "accountId": ACCOUNT,
                 "apiId": "local",
-                "authorizer": {
-                    "iam": {
-                        "accessKey": self.server.credentials.access_key,
-                        "accountId": ACCOUNT,
-                        "callerId": "local",
-                        "userArn": f"arn:aws:iam::{ACCOUNT}:user/local",
-                        "userId": "local",
-                    }
-                },
+                "authorizer": {"iam": principal.iam()},
                 "domainName": self.headers.get("Host", "localhost"),
                 "domainPrefix": "local",
                 "http": {

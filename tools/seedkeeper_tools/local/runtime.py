@@ -55,6 +55,10 @@ LOCAL_TASK_ENVIRONMENT = (
     "SEEDKEEPER_DOWNLOAD_STALL_TIMEOUT",
     "SEEDKEEPER_DOWNLOAD_RETRIES",
     "SEEDKEEPER_SANDBOX_COMMAND",
+    # The checkpoint function (the local gateway, which takes the store's keys there only)
+    # and how often the task reads its record for a checkpoint request.
+    "SEEDKEEPER_CHECKPOINT_URL",
+    "SEEDKEEPER_WATCH_INTERVAL",
 )
 
 

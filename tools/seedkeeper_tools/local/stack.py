@@ -7,6 +7,10 @@ gateway on 127.0.0.1 checks SigV4 and serves the same handlers as AWS, in this p
 slot tasks run as local processes, or as containers of the slot image (`task_runtime`
 docker); a timer runs the idle sweep. Only configuration differs from a deployment: the
 environment this class sets.
+
+The store's keys stand in for the slot task role: a task signs with them, for the store and
+for the gateway's checkpoint route, the one route the gateway takes them on (the task role
+may invoke only the checkpoint function); the executor's `credentials` sign everything else.
 """
 
 from __future__ import annotations
@@ -45,7 +49,12 @@ class LocalStack:
         idle_window: int = 1800,
         task_runtime: Literal["process", "docker"] = "process",
         slot_image: str = DEFAULT_IMAGE,
+        park_retention: int | None = None,
+        watch_interval: float | None = None,
     ) -> None:
+        """`park_retention` (seconds) and `watch_interval` (a slot task's, seconds): None
+        leaves what the environment says (`SEEDKEEPER_PARK_RETENTION`, else the template's
+        default; `SEEDKEEPER_WATCH_INTERVAL`, else the task's own default)."""
         self.data_dir = data_dir.resolve()
         self.task_runtime = task_runtime
         self.slot_image = slot_image
@@ -53,6 +62,8 @@ class LocalStack:
         self.credentials = credentials
         self.sweep_interval = sweep_interval
         self.idle_window = idle_window
+        self.park_retention = park_retention
+        self.watch_interval = watch_interval
         self._store: StoreProcess | None = None
         self._gateway: FunctionUrlGateway | None = None
         self._stopping = threading.Event()
@@ -102,8 +113,15 @@ class LocalStack:
         )
         R2.from_settings(R2Settings(), budget=aws.TOOLS).create_bucket()
         self._gateway = FunctionUrlGateway(
-            "127.0.0.1", self.port, self.credentials, region=REGION
-        ).start()
+            "127.0.0.1",
+            self.port,
+            self.credentials,
+            task_credentials=self.store_credentials,
+            region=REGION,
+        )
+        # Bound, not yet serving: no task can launch before it is told where to checkpoint.
+        self._set({"SEEDKEEPER_CHECKPOINT_URL": self._gateway.url})
+        self._gateway.start()
         self._sweeper = threading.Thread(target=self._sweep_on_a_timer, daemon=True)
         self._sweeper.start()
         logger.info("local stack started", url=self.url)
@@ -151,9 +169,16 @@ class LocalStack:
             "SEEDKEEPER_DATA_DIR": str(self.data_dir),
             "SEEDKEEPER_IDLE_WINDOW": str(self.idle_window),
         }
-        for name, value in settings.items():
-            self._saved.setdefault(name, os.environ.get(name))
-            os.environ[name] = value
+        # The retention the handlers and the sweep share: as told, else as the environment
+        # says, else the deployment's default.
+        if self.park_retention is not None:
+            settings["SEEDKEEPER_PARK_RETENTION"] = str(self.park_retention)
+        elif not os.environ.get("SEEDKEEPER_PARK_RETENTION"):
+            settings["SEEDKEEPER_PARK_RETENTION"] = str(_template_default("ParkRetentionSeconds"))
+        # A task's watch interval, when told (else the environment's passes on, if any).
+        if self.watch_interval is not None:
+            settings["SEEDKEEPER_WATCH_INTERVAL"] = f"{self.watch_interval:g}"  # 30, not 30.0
+        self._set(settings)
         os.environ.pop("AWS_SESSION_TOKEN", None)
         # A session keeps the keys it first read: new ones read these. Seedkeeper's clients
         # come from its own session (seedkeeper.adapters.aws), anything else in this
@@ -161,9 +186,21 @@ class LocalStack:
         aws.use_session(None)
         boto3.setup_default_session()
 
+    def _set(self, settings: dict[str, str]) -> None:
+        """Sets each variable, remembering what it was for `stop` to put back."""
+        for name, value in settings.items():
+            self._saved.setdefault(name, os.environ.get(name))
+            os.environ[name] = value
+
     def _sweep_on_a_timer(self) -> None:
         while not self._stopping.wait(self.sweep_interval):
             try:
                 self.sweep()
             except Exception:
                 logger.exception("local sweep failed")
+
+
+def _template_default(parameter: str) -> object:
+    """A template parameter's default: what a deployment that does not set it gets."""
+    default: object = load_template()["Parameters"][parameter]["Default"]
+    return default

@@ -1,0 +1,207 @@
+"""The checkpoint function (DESIGN §10, steps 3 and the failure path): the slot task's only
+way to R2. It presigns the PUT of one checkpoint, verifies what was uploaded and records it,
+or records why no checkpoint was taken.
+
+Each call names the slot, the incarnation and the open `checkpoint` operation it works for;
+each is checked against the record as read, and every write is conditional on the same
+(`seedkeeper.store.lifecycle`). The object's key is derived from the record, never taken
+from the caller. A slot that is absent or names another incarnation is one refusal,
+`no-match`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
+from pydantic import Field
+
+from seedkeeper.adapters.r2 import R2, ObjectFacts
+from seedkeeper.domain import transitions
+from seedkeeper.domain.checkpoints import RetentionSettings, checkpoint_key, new_checkpoint
+from seedkeeper.domain.models import Incarnation, Model, SlotId
+from seedkeeper.domain.opwindow import Actor, OpKind, OpRef
+from seedkeeper.domain.outcomes import CheckpointNotTaken, CheckpointRecorded, UploadGrant
+from seedkeeper.domain.record import SlotRecord, State, Supported
+from seedkeeper.domain.refused import Refused
+from seedkeeper.observability import METRICS_NAMESPACE, logger
+from seedkeeper.store.lifecycle import Conflict, Lifecycle
+
+# One PUT: S3 and R2 take at most 5 GiB in a single upload.
+MAX_CHECKPOINT_BYTES = 5 * 1024**3
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Md5 = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+
+
+class CheckpointOp(Model):
+    """The slot task's `checkpoint` operation, by its ordinal and generation (the actor is
+    always the slot task)."""
+
+    ordinal: Annotated[int, Field(ge=1)]
+    generation: Annotated[int, Field(ge=1)]
+
+    @property
+    def ref(self) -> OpRef:
+        return OpRef(ordinal=self.ordinal, actor=Actor.SLOT_TASK, generation=self.generation)
+
+
+class CheckpointCall(Model):
+    slot: SlotId
+    incarnation: Incarnation
+    op: CheckpointOp
+
+
+class Captured(CheckpointCall):
+    """A captured checkout: its size and digests, as the slot task computed them."""
+
+    size: Annotated[int, Field(ge=1, le=MAX_CHECKPOINT_BYTES)]
+    sha256: Sha256
+    md5: Md5
+
+
+class NotTaken(CheckpointCall):
+    reason: Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,63}$")]
+    detail: Annotated[str, Field(max_length=300)] = ""
+
+
+# What the checkpoint routes refuse with besides the request's own refusals.
+REFUSALS = ("no-match", "checkpoint-not-open", "checkpoint-unverified", "r2-unconfigured")
+
+
+class CheckpointService:
+    def __init__(
+        self,
+        *,
+        lifecycle: Lifecycle,
+        r2: R2 | None,
+        settings: RetentionSettings,
+        presign_expiry: int,
+        clock: Callable[[], int],
+    ) -> None:
+        self._lifecycle = lifecycle
+        self._r2 = r2
+        self._settings = settings
+        self._presign_expiry = presign_expiry
+        self._clock = clock
+
+    def upload(self, call: Captured) -> UploadGrant | Refused:
+        """A presigned PUT for this op's key, only while the slot is being checkpointed."""
+        record = self._record(call)
+        if isinstance(record, Refused):
+            return record
+        if record.state is not State.CHECKPOINTING:
+            return Refused("checkpoint-not-open", f"the slot is {record.state}")
+        if self._r2 is None:
+            return Refused("r2-unconfigured")
+        key = checkpoint_key(call.slot, call.incarnation, call.op.ordinal)
+        put = self._r2.presign_put(
+            key, self._presign_expiry, size=call.size, sha256=call.sha256, md5=call.md5
+        )
+        return UploadGrant(
+            key=key, url=put.url, headers=put.headers, expires_in=self._presign_expiry
+        )
+
+    def record(self, call: Captured) -> CheckpointRecorded | Refused:
+        """Verify the uploaded object against what the task captured, then record it,
+        settling the op: `checkpointed` (or still `seeded`, when a poll came back)."""
+        record = self._record(call)
+        if isinstance(record, Refused):
+            return record
+        if self._r2 is None:
+            return Refused("r2-unconfigured")
+        key = checkpoint_key(call.slot, call.incarnation, call.op.ordinal)
+        facts = self._r2.head(key, checksum=True)
+        mismatch = _mismatch(facts, call)
+        if mismatch is not None:
+            logger.warning("checkpoint unverified", slot=call.slot, why=mismatch)
+            return Refused("checkpoint-unverified", mismatch)
+        assert facts is not None
+        checkpoint = new_checkpoint(
+            self._settings,
+            key=key,
+            size=facts.size,
+            etag=facts.etag,
+            sha256=call.sha256,
+            owner=record.owner,
+            incarnation=call.incarnation,
+            now=self._clock(),
+        )
+        uploaded = transitions.Uploaded(
+            checkpoint=checkpoint, upload=call.op.ref, now=self._clock()
+        )
+        outcome = self._lifecycle.apply(call.slot, transitions.RECORD_CHECKPOINT, uploaded)
+        if isinstance(outcome, Refused | Conflict):
+            return _refused(outcome)
+        logger.info("checkpoint recorded", slot=call.slot, size=facts.size)
+        return CheckpointRecorded(
+            slot=call.slot,
+            state=outcome.record.state.value,
+            key=key,
+            size=checkpoint.size,
+            sha256=checkpoint.sha256,
+            created_at=checkpoint.created_at,
+            expires_at=checkpoint.expires_at,
+        )
+
+    def not_taken(self, call: NotTaken) -> CheckpointNotTaken | Refused:
+        """The task could not checkpoint (and has resumed its sandbox): the slot is seeded
+        again, asked again after a backoff, the failure counted."""
+        record = self._record(call)
+        if isinstance(record, Refused):
+            return record
+        failed = transitions.CheckpointFailed(op=call.op.ref, reason=call.reason, now=self._clock())
+        outcome = self._lifecycle.apply(call.slot, transitions.CHECKPOINT_FAILED, failed)
+        if isinstance(outcome, Refused | Conflict):
+            return _refused(outcome)
+        logger.warning("checkpoint failed", slot=call.slot, reason=call.reason, detail=call.detail)
+        with single_metric(
+            name="CheckpointsFailed", unit=MetricUnit.Count, value=1, namespace=METRICS_NAMESPACE
+        ) as metric:
+            metric.add_dimension(name="reason", value=call.reason)
+        return CheckpointNotTaken(
+            slot=call.slot, state=outcome.record.state.value, retry_at=outcome.record.idle_deadline
+        )
+
+    def _record(self, call: CheckpointCall) -> SlotRecord | Refused:
+        """The slot's record, when it names this incarnation and has this op open as its
+        attempt's checkpoint; the one `no-match` otherwise (nothing disclosed)."""
+        classified = self._lifecycle.read(call.slot)
+        if not isinstance(classified, Supported):
+            return Refused("no-match")
+        record = classified.record
+        if record.incarnation != call.incarnation:
+            return Refused("no-match")
+        entry = record.window.entry(call.op.ordinal)
+        if (
+            entry is None
+            or entry.ref != call.op.ref
+            or entry.kind is not OpKind.CHECKPOINT
+            or entry.settled
+            or call.op.generation != record.attempt
+        ):
+            return Refused("checkpoint-not-open", "no such open checkpoint")
+        return record
+
+
+def _mismatch(facts: ObjectFacts | None, captured: Captured) -> str | None:
+    """Why the stored object is not what the task captured; None when it is. A single PUT's
+    ETag is its MD5; the SHA-256 is compared too whenever the store kept it."""
+    if facts is None:
+        return "no object"
+    if facts.size != captured.size:
+        return "size differs"
+    if facts.etag != captured.md5:
+        return "etag differs"
+    if facts.sha256 is not None and facts.sha256 != captured.sha256:
+        return "sha256 differs"
+    return None
+
+
+def _refused(outcome: Refused | Conflict) -> Refused:
+    """A transition's refusal as the caller sees it: the record moved on, the op closed."""
+    if isinstance(outcome, Conflict):
+        return Refused("checkpoint-not-open", "the record kept moving")
+    if outcome.reason in {"incarnation-mismatch", "claim-mismatch"}:
+        return Refused("no-match")
+    return Refused("checkpoint-not-open", outcome.reason)
