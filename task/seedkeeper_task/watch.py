@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ from typing import Any, Literal
 
 from seedkeeper.adapters import aws
 from seedkeeper.domain import transitions
+from seedkeeper.domain.checkpoints import retry_after
 from seedkeeper.domain.opwindow import Actor, Operation, OpKind
 from seedkeeper.domain.record import SlotRecord, State, Supported
 from seedkeeper.observability import logger
@@ -88,6 +90,8 @@ class Watcher:
         self.stop = stop
         self.frozen = False
         self.sandbox_group: int | None = None  # the sandbox's process group, once it runs
+        # After a failure it could not record, the record still asks: not before then.
+        self._not_before = 0.0
 
     def interval(self) -> float:
         """Seconds to the next look: jittered by ±20 %, shorter while a poll may wait."""
@@ -103,7 +107,8 @@ class Watcher:
             self._thaw(None)
             return
         op = _open_checkpoint(record)
-        if record.state is State.CHECKPOINTING and op is not None and not self.frozen:
+        asked = record.state is State.CHECKPOINTING and op is not None and not self.frozen
+        if asked and op is not None and time.monotonic() >= self._not_before:
             ending = self.checkpoint(record, op)
             logger.info("checkpoint ended", ending=ending)
 
@@ -147,7 +152,7 @@ class Watcher:
         finally:
             target.unlink(missing_ok=True)
         logger.info("checkpoint recorded", size=captured.size, sha256=captured.sha256)
-        if answer.get("state") != State.CHECKPOINTED.value:
+        if answer.get("state") == State.SEEDED.value:
             self._thaw(None)  # recorded, but a poll came back meanwhile: it wants the work
         return "checkpointed"
 
@@ -168,6 +173,8 @@ class Watcher:
         for attempt in range(self.settings.attempts):
             if attempt and cancel.wait(_BACKOFF * 2 ** (attempt - 1)):
                 break
+            if attempt and (recorded := self._recorded(op)) is not None:
+                return recorded  # the last try was recorded; only its answer was lost
             try:
                 grant = self._call("/checkpoints/upload", body)
                 headers = {
@@ -188,6 +195,9 @@ class Watcher:
                 reason = failed.reason if failed.reason.startswith("http-") else "upload-failed"
             except _Refused as refused:
                 if refused.reason in {"checkpoint-not-open", "no-match"}:
+                    recorded = self._recorded(op)
+                    if recorded is not None:
+                        return recorded
                     raise Abandoned(refused.reason) from None
                 reason = refused.reason
             except function_url.Unreachable:
@@ -206,13 +216,14 @@ class Watcher:
             "slot": self.settings.slot,
             "incarnation": record.incarnation,
             "op": {"ordinal": op.ordinal, "generation": op.generation},
-            "reason": reason[:64],
+            "reason": _token(reason),
             "detail": detail,
         }
         try:
             self._call("/checkpoints/failed", body)
         except (_Refused, function_url.Unreachable) as unrecorded:
             logger.warning("checkpoint failure not recorded", why=str(unrecorded))
+            self._not_before = time.monotonic() + retry_after(1)
         logger.warning("checkpoint failed", reason=reason)
         return "stopping" if reason == "task-stopping" else "failed"
 
@@ -250,6 +261,15 @@ class Watcher:
             logger.warning("record not read")
             return None
         return classified.record if isinstance(classified, Supported) else None
+
+    def _recorded(self, op: Operation) -> dict[str, Any] | None:
+        """The answer a recorded checkpoint of `op` would have had, read from the record
+        (consistently); None when `op` is not recorded."""
+        record = self._peek(consistent=True)
+        entry = record.window.entry(op.ordinal) if record is not None else None
+        if record is None or entry is None or entry.ref != op.ref or entry.outcome != "uploaded":
+            return None
+        return {"state": record.state.value}
 
     def _came_back(self) -> bool:
         """Confirmed by a consistent read: an eventually consistent one may still show the
@@ -315,6 +335,12 @@ class _NotUploaded(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+def _token(reason: str) -> str:
+    """A failure's reason as a record keeps it: lower case, letters, digits and dashes."""
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", reason.lower()).strip("-")
+    return (cleaned if cleaned[:1].isalpha() else f"x-{cleaned}")[:64]
 
 
 def _open_checkpoint(record: SlotRecord) -> Operation | None:

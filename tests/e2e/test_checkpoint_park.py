@@ -6,9 +6,12 @@ protocol never parks the slot and always resumes its sandbox."""
 from __future__ import annotations
 
 import hashlib
+import http.server
 import json
 import os
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -141,16 +144,25 @@ def idle_then_sweep(slot: Slot) -> Any:
     return slot.stack.sweep()
 
 
-def the_object(key: str) -> bytes:
-    s3 = boto3.client(
+def the_store() -> Any:
+    """The stack's R2 (moto), as an operator would reach it with its keys."""
+    return boto3.client(
         "s3",
         endpoint_url=os.environ["SEEDKEEPER_R2_ENDPOINT"],
         aws_access_key_id=os.environ["SEEDKEEPER_R2_ACCESS_KEY_ID"],
         aws_secret_access_key=os.environ["SEEDKEEPER_R2_SECRET_ACCESS_KEY"],
         region_name="auto",
     )
-    body: bytes = s3.get_object(Bucket=os.environ["SEEDKEEPER_R2_BUCKET"], Key=key)["Body"].read()
+
+
+def the_object(key: str) -> bytes:
+    got = the_store().get_object(Bucket=os.environ["SEEDKEEPER_R2_BUCKET"], Key=key)
+    body: bytes = got["Body"].read()
     return body
+
+
+def s3_delete(key: str) -> None:
+    the_store().delete_object(Bucket=os.environ["SEEDKEEPER_R2_BUCKET"], Key=key)
 
 
 def test_an_idle_seeded_slot_is_checkpointed_then_parked_with_its_work_intact(
@@ -215,6 +227,12 @@ def test_an_idle_seeded_slot_is_checkpointed_then_parked_with_its_work_intact(
     assert (restored / "build.log").read_text() == "ignored output\n"
     assert (restored / ".heartbeat").read_text() == heartbeat
     assert slot.status_porcelain(restored) == before
+    # Deleted behind its back: the receipt says so, never "present".
+    s3_delete(checkpoint.key)
+    receipt = slot.client.receipt(
+        slot.name, claim=slot.claim, seed=slot.seed, incarnation=slot.incarnation
+    )
+    assert receipt.checkpoint == "lost"
     # A parked slot is closed to polls until it is resumed.
     with pytest.raises(SeedkeeperRefused) as closed:
         slot.poll()
@@ -289,3 +307,128 @@ def test_a_poll_racing_the_park_fence_wins_and_resumes_the_sandbox(
     wait_for(slot.running, "the sandbox is resumed")
     assert slot.record().state is State.SEEDED
     assert slot.stack.runtime.status(slot.incarnation) is TaskStatus.RUNNING
+
+
+class FaultyStore(http.server.ThreadingHTTPServer):
+    """Stands in for R2 on the checkpoint's PUT: "refuse" answers 403 AccessDenied as S3
+    does; "stall" reads the request line and headers, then holds the upload until closed."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.puts = threading.Event()
+        self.closing = threading.Event()
+        super().__init__(("127.0.0.1", 0), _FaultyHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def close(self) -> None:
+        self.closing.set()
+        self.shutdown()
+        self.server_close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client hanging up on a stalled answer is part of the tests."""
+
+
+class _FaultyHandler(http.server.BaseHTTPRequestHandler):
+    server: FaultyStore
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def do_PUT(self) -> None:
+        self.server.puts.set()
+        if self.server.mode == "stall":
+            self.server.closing.wait(120)
+            return
+        body = b"<Error><Code>AccessDenied</Code><Message>no</Message></Error>"
+        self.send_response(403)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def faulty_store(request: pytest.FixtureRequest) -> Iterator[FaultyStore]:
+    """The checkpoint function presigns its PUT for this store (the R2 endpoint it reads)."""
+    store = FaultyStore(request.param)
+    yield store
+    store.close()
+
+
+def checkpoint_objects() -> list[str]:
+    bucket = os.environ["SEEDKEEPER_R2_BUCKET"]
+    listed = the_store().list_objects_v2(Bucket=bucket, Prefix="checkpoints/")
+    return [item["Key"] for item in listed.get("Contents", [])]
+
+
+@pytest.mark.parametrize("faulty_store", ["refuse"], indirect=True)
+def test_r2_refusing_the_put_resumes_the_sandbox_and_records_why(
+    slot: Slot, faulty_store: FaultyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.environ["SEEDKEEPER_R2_ENDPOINT"]
+    monkeypatch.setenv("SEEDKEEPER_R2_ENDPOINT", faulty_store.endpoint)
+    idle_then_sweep(slot)
+    assert faulty_store.puts.wait(60)
+    record = slot.wait_for_state(State.SEEDED)  # tried three times, then gave up
+    monkeypatch.setenv("SEEDKEEPER_R2_ENDPOINT", real)
+    assert (record.retained_reason, record.checkpoint_failures) == ("checkpoint-failed", 1)
+    assert record.checkpoint is None
+    assert record.frozen_at is None
+    ops = [e for e in record.window.entries if e.kind is OpKind.CHECKPOINT]
+    assert ops[-1].outcome == "http-403-accessdenied"
+    assert record.idle_deadline >= record.updated_at + 60  # asked again after a backoff
+    wait_for(slot.running, "the sandbox is resumed")
+    report = slot.stack.sweep()
+    assert report.parked == []
+    assert report.checkpoints_requested == []
+    assert slot.record().state is State.SEEDED
+    assert checkpoint_objects() == []
+
+
+@pytest.mark.parametrize("faulty_store", ["stall"], indirect=True)
+def test_a_task_stopped_during_its_upload_is_never_parked(
+    slot: Slot, faulty_store: FaultyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.environ["SEEDKEEPER_R2_ENDPOINT"]
+    monkeypatch.setenv("SEEDKEEPER_R2_ENDPOINT", faulty_store.endpoint)
+    idle_then_sweep(slot)
+    assert faulty_store.puts.wait(60)
+    slot.stack.runtime.stop(slot.incarnation)  # SIGTERM mid-upload: Spot, scale-in...
+    monkeypatch.setenv("SEEDKEEPER_R2_ENDPOINT", real)
+    record = slot.record()
+    assert record.state is State.SEEDED
+    assert (record.retained_reason, record.checkpoint) == ("checkpoint-failed", None)
+    ops = [e for e in record.window.entries if e.kind is OpKind.CHECKPOINT]
+    assert ops[-1].outcome == "task-stopping"
+    time.sleep(IDLE + 1)
+    report = slot.stack.sweep()
+    assert report.parked == []
+    assert slot.record().state is State.SEEDED
+    assert checkpoint_objects() == []
+
+
+def test_a_task_killed_during_its_capture_is_never_parked(slot: Slot) -> None:
+    big = slot.checkout / "big.bin"
+    big.write_bytes(os.urandom(40 * 1024 * 1024))
+    os.chown(big, slot.uid, slot.uid)
+    idle_then_sweep(slot)
+    wait_for(lambda: slot.record().frozen_at is not None, "the task freezes")
+    attempt = slot.checkout.parent.parent / "attempt-1.json"
+    os.killpg(json.loads(attempt.read_text())["pid"], signal.SIGKILL)
+    wait_for(
+        lambda: slot.stack.runtime.status(slot.incarnation) is TaskStatus.STOPPED, "it is gone"
+    )
+    record = slot.record()
+    assert record.state is State.CHECKPOINTING  # nothing can say more: it is retained
+    assert record.checkpoint is None
+    for _ in range(2):
+        report = slot.stack.sweep()
+        assert report.parked == []
+        assert report.retained["checkpointing"] == 1
+    assert slot.record().state is State.CHECKPOINTING
+    assert checkpoint_objects() == []

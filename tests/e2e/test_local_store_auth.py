@@ -7,6 +7,7 @@ reads, so a hanging store fails the test instead of hanging it."""
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import os
@@ -30,6 +31,8 @@ from seedkeeper.adapters.r2 import R2, R2Settings, backup_key
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain.record import State, slot_key
 from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper_task.capture import upload
+from seedkeeper_tools.local.motoserver import MAX_BODY
 from seedkeeper_tools.local.stack import REGION, LocalStack
 
 if TYPE_CHECKING:
@@ -280,3 +283,24 @@ def test_the_stacks_own_calls_still_go_through(store: Store, tmp_path: Path) -> 
     assert store.r2.head(key) is None
     record = store.table.get_item(Key=slot_key(VICTIM), ConsistentRead=True)["Item"]
     assert record["state"] == State.SEEDED.value
+
+
+def test_a_presigned_put_larger_than_a_signed_body_is_spooled_and_stored(
+    store: Store, tmp_path: Path
+) -> None:
+    """A checkpoint is one presigned PUT of up to S3's single-PUT limit: past the 64 MiB a
+    signed body may have, the store spools it to a file and stores it whole."""
+    body = tmp_path / "checkpoint.sqsh"
+    body.write_bytes(secrets.token_bytes(MAX_BODY + 1024))
+    content = body.read_bytes()
+    sha256, md5 = (
+        hashlib.sha256(content).hexdigest(),
+        hashlib.md5(content, usedforsecurity=False).hexdigest(),
+    )
+    key = "checkpoints/slot-1/local-slot-1-1/2.sqsh"
+    put = store.r2.presign_put(key, 60, size=len(content), sha256=sha256, md5=md5)
+    headers = {k: v for k, v in put.headers.items() if k.lower() != "content-length"}
+    upload(put.url, body, headers, size=len(content), timeout=30)
+    facts = store.r2.head(key)
+    assert facts is not None
+    assert (facts.size, facts.etag) == (len(content), md5)

@@ -26,6 +26,10 @@ DOCUMENTED = [
     ("receipt-wrong-owner", "receipt", 404),
     ("slot-evidence", "slot_evidence", 200),
     ("slot-evidence-wrong-claim", "slot_evidence", 404),
+    # The slot task's calls; the events' incarnation is an ECS task, not this one.
+    ("checkpoint-upload", "checkpoint", 404),
+    ("checkpoint-record", "checkpoint", 404),
+    ("checkpoint-failed", "checkpoint", 404),
     ("rotation-delete", "rotation", 200),
 ]
 

@@ -3,6 +3,7 @@ incarnation, kept for the park retention (DESIGN §10)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from typing import Annotated
@@ -37,11 +38,20 @@ class RetentionSettings(BaseSettings):
     park_retention: Annotated[int, Field(ge=_DAY, le=365 * _DAY)] = 30 * _DAY
 
 
+# 256 characters after the prefix: a slot id of 128, two slashes, an ordinal of up to 20
+# digits and ".sqsh" leave 101; an ECS task ARN (about 90) fits whole.
+_NAME_CHARS = 100
+
+
 def checkpoint_key(slot: str, incarnation: str, ordinal: int) -> str:
-    """`checkpoints/<slot>/<incarnation>/<op>.sqsh`. An incarnation is an ARN or a local
-    name: every character a key should not hold becomes `-` (the record keeps the key it
-    verified, so two incarnations that read alike are never confused)."""
-    name = re.sub(r"[^A-Za-z0-9._-]", "-", incarnation).strip(".-")[:160] or "task"
+    """`checkpoints/<slot>/<incarnation>/<op>.sqsh`, short enough for the record's key
+    (256 characters after the prefix) whatever the slot id. An incarnation is an ARN or a
+    local name: every character a key should not hold becomes `-`, and a long one keeps
+    its start and a digest of the whole (two incarnations never share a name)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", incarnation).strip(".-") or "task"
+    if len(name) > _NAME_CHARS:
+        digest = hashlib.sha256(incarnation.encode()).hexdigest()[:16]
+        name = f"{name[: _NAME_CHARS - 17]}-{digest}"
     return f"checkpoints/{slot}/{name}/{ordinal}.sqsh"
 
 

@@ -23,7 +23,7 @@ from seedkeeper.domain.checkpoints import RetentionSettings, checkpoint_key, new
 from seedkeeper.domain.models import Incarnation, Model, SlotId
 from seedkeeper.domain.opwindow import Actor, OpKind, OpRef
 from seedkeeper.domain.outcomes import CheckpointNotTaken, CheckpointRecorded, UploadGrant
-from seedkeeper.domain.record import SlotRecord, State, Supported
+from seedkeeper.domain.record import Checkpoint, SlotRecord, State, Supported
 from seedkeeper.domain.refused import Refused
 from seedkeeper.observability import METRICS_NAMESPACE, logger
 from seedkeeper.store.lifecycle import Conflict, Lifecycle
@@ -104,10 +104,17 @@ class CheckpointService:
 
     def record(self, call: Captured) -> CheckpointRecorded | Refused:
         """Verify the uploaded object against what the task captured, then record it,
-        settling the op: `checkpointed` (or still `seeded`, when a poll came back)."""
-        record = self._record(call)
+        settling the op: `checkpointed` (or still `seeded`, when a poll came back). Asked
+        again for a checkpoint already recorded (its answer was lost), the same answer."""
+        record = self._read(call)
         if isinstance(record, Refused):
             return record
+        if _already_recorded(record, call):
+            assert record.checkpoint is not None
+            return _recorded(record, record.checkpoint)
+        not_open = _not_open(record, call)
+        if not_open is not None:
+            return not_open
         if self._r2 is None:
             return Refused("r2-unconfigured")
         key = checkpoint_key(call.slot, call.incarnation, call.op.ordinal)
@@ -134,15 +141,7 @@ class CheckpointService:
         if isinstance(outcome, Refused | Conflict):
             return _refused(outcome)
         logger.info("checkpoint recorded", slot=call.slot, size=facts.size)
-        return CheckpointRecorded(
-            slot=call.slot,
-            state=outcome.record.state.value,
-            key=key,
-            size=checkpoint.size,
-            sha256=checkpoint.sha256,
-            created_at=checkpoint.created_at,
-            expires_at=checkpoint.expires_at,
-        )
+        return _recorded(outcome.record, checkpoint)
 
     def not_taken(self, call: NotTaken) -> CheckpointNotTaken | Refused:
         """The task could not checkpoint (and has resumed its sandbox): the slot is seeded
@@ -166,22 +165,57 @@ class CheckpointService:
     def _record(self, call: CheckpointCall) -> SlotRecord | Refused:
         """The slot's record, when it names this incarnation and has this op open as its
         attempt's checkpoint; the one `no-match` otherwise (nothing disclosed)."""
+        record = self._read(call)
+        if isinstance(record, Refused):
+            return record
+        return _not_open(record, call) or record
+
+    def _read(self, call: CheckpointCall) -> SlotRecord | Refused:
         classified = self._lifecycle.read(call.slot)
         if not isinstance(classified, Supported):
             return Refused("no-match")
-        record = classified.record
-        if record.incarnation != call.incarnation:
+        if classified.record.incarnation != call.incarnation:
             return Refused("no-match")
-        entry = record.window.entry(call.op.ordinal)
-        if (
-            entry is None
-            or entry.ref != call.op.ref
-            or entry.kind is not OpKind.CHECKPOINT
-            or entry.settled
-            or call.op.generation != record.attempt
-        ):
-            return Refused("checkpoint-not-open", "no such open checkpoint")
-        return record
+        return classified.record
+
+
+def _not_open(record: SlotRecord, call: CheckpointCall) -> Refused | None:
+    """Why `call` names no open checkpoint of the record's attempt; None when it does."""
+    entry = record.window.entry(call.op.ordinal)
+    if (
+        entry is None
+        or entry.ref != call.op.ref
+        or entry.kind is not OpKind.CHECKPOINT
+        or entry.settled
+        or call.op.generation != record.attempt
+    ):
+        return Refused("checkpoint-not-open", "no such open checkpoint")
+    return None
+
+
+def _already_recorded(record: SlotRecord, captured: Captured) -> bool:
+    entry = record.window.entry(captured.op.ordinal)
+    checkpoint = record.checkpoint
+    return (
+        entry is not None
+        and entry.ref == captured.op.ref
+        and entry.outcome == "uploaded"
+        and checkpoint is not None
+        and checkpoint.key == checkpoint_key(captured.slot, captured.incarnation, entry.ordinal)
+        and (checkpoint.size, checkpoint.sha256) == (captured.size, captured.sha256)
+    )
+
+
+def _recorded(record: SlotRecord, checkpoint: Checkpoint) -> CheckpointRecorded:
+    return CheckpointRecorded(
+        slot=record.slot,
+        state=record.state.value,
+        key=checkpoint.key,
+        size=checkpoint.size,
+        sha256=checkpoint.sha256,
+        created_at=checkpoint.created_at,
+        expires_at=checkpoint.expires_at,
+    )
 
 
 def _mismatch(facts: ObjectFacts | None, captured: Captured) -> str | None:

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import copy
 import functools
-import io
 import json
 import logging
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections import defaultdict, deque
@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from http import HTTPStatus
-from typing import Any
+from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
 from moto.core.model_instances import reset_model_data
@@ -66,6 +66,10 @@ from seedkeeper_tools.local.sigv4 import (
 R2_REGION = "auto"  # R2 has one region, the one seedkeeper.adapters.r2 signs for
 # The stack's R2 parts are 16 MiB, and DynamoDB takes requests of at most 16 MB.
 MAX_BODY = 64 * 1024 * 1024
+# A presigned PUT (a slot task's checkpoint) is one object of up to S3's and R2's single
+# PUT limit; it is spooled to a file past MAX_BODY rather than held in memory.
+MAX_PRESIGNED_BODY = 5 * 1024**3
+_SPOOL_CHUNK = 1024 * 1024
 # A client that stops sending for this long has its connection closed.
 REQUEST_TIMEOUT = 30.0
 # What each refusal is called, as S3 names it.
@@ -341,8 +345,8 @@ class _SignedOnly:
             )
             if why is not None:
                 return HTTPStatus.FORBIDDEN, why
-            body = _read_body(environ)
-            return body if isinstance(body, tuple) else None
+            spooled = _spool_body(environ, MAX_PRESIGNED_BODY)
+            return spooled if isinstance(spooled, tuple) else None
         scope = signed_scope(authorization or "")
         if scope is None:
             return HTTPStatus.FORBIDDEN, "unsigned"
@@ -367,19 +371,37 @@ class _SignedOnly:
 
 
 def _read_body(environ: dict[str, Any]) -> bytes | tuple[HTTPStatus, str]:
-    """The whole body (at most MAX_BODY), put back in the environ for moto to read again;
-    or why it could not be read."""
+    """The whole body (at most MAX_BODY, which a signature covers), put back in the environ
+    for moto to read again; or why it could not be read."""
+    spooled = _spool_body(environ, MAX_BODY)
+    if isinstance(spooled, tuple):
+        return spooled
+    body = spooled.read()
+    spooled.seek(0)
+    return body
+
+
+def _spool_body(environ: dict[str, Any], limit: int) -> IO[bytes] | tuple[HTTPStatus, str]:
+    """The whole body (at most `limit`), read before moto's one-at-a-time lock is taken
+    (a slow client never holds it) and put back in the environ, in memory up to MAX_BODY
+    and in a file past it; or why it could not be read."""
+    spool = tempfile.SpooledTemporaryFile(max_size=MAX_BODY)  # noqa: SIM115 - moto reads it
     try:
-        body = get_input_stream(environ, max_content_length=MAX_BODY).read()
+        stream = get_input_stream(environ, max_content_length=limit)
+        while chunk := stream.read(_SPOOL_CHUNK):
+            spool.write(chunk)
     except HTTPException as framing:  # too large, or the client went away mid-body
+        spool.close()
         if framing.code == HTTPStatus.REQUEST_ENTITY_TOO_LARGE:
             return HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body-too-large"
         return HTTPStatus.BAD_REQUEST, "incomplete-body"
     except OSError:  # the client stalled past the timeout
+        spool.close()
         return HTTPStatus.BAD_REQUEST, "incomplete-body"
-    environ["wsgi.input"] = io.BytesIO(body)
-    environ["CONTENT_LENGTH"] = str(len(body))
-    return body
+    environ["CONTENT_LENGTH"] = str(spool.tell())
+    spool.seek(0)
+    environ["wsgi.input"] = spool
+    return spool
 
 
 def _refuse(
