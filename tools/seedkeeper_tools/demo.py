@@ -1,15 +1,19 @@
 """`seedkeeper demo` (`make demo`): the whole protocol on one machine, checked step by step.
 
 It starts the local stack, publishes a snapshot of a real git repository, seeds a claimed
-slot and a cold slot through the signed client, shows a receipt and slot evidence, lets a
-short idle window pass and sweeps (the cold slot is stopped, the seeded one retained with
-its checkout intact), rotates twice and shows the generations. It prints each step's
-outcome and timing, and exits 0 only when every outcome is what the protocol requires.
+slot and a cold slot through the signed client, shows a receipt and slot evidence, leaves
+uncommitted work in the seeded checkout, lets a short idle window pass and sweeps: the cold
+slot is stopped, the seeded one is asked to checkpoint; its slot task freezes the sandbox,
+captures the checkout and uploads it, the checkpoint function verifies and records it; the
+next sweep parks the slot (its task stopped); the work is then read back from R2 and
+checked. It rotates twice and shows the generations. It prints each step's outcome and
+timing, and exits 0 only when every outcome is what the protocol requires.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import secrets
@@ -29,13 +33,15 @@ from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain.models import OwnerClaim, SeedIdentity
 from seedkeeper.domain.outcomes import Cold, Seeded
-from seedkeeper.domain.record import Supported
+from seedkeeper.domain.record import SlotRecord, State, Supported
 from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.domain.snapshots import NewSnapshot
 from seedkeeper.observability import logger
+from seedkeeper.services.sweep import Report
 from seedkeeper_task.supervisor import CHECKOUT
 from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.local.gateway import LocalCredentials
+from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.stack import LocalStack
 from seedkeeper_tools.publish import backup_id_for, head_of, upload_archive
 
@@ -64,6 +70,7 @@ class Demo:
             credentials=credentials,
             sweep_interval=3600,  # the demo sweeps when it means to
             idle_window=IDLE_WINDOW,
+            watch_interval=0.5,  # slot tasks look at their record often: the demo waits
         )
         self.signing = Credentials(credentials.access_key, credentials.secret_key)
 
@@ -133,22 +140,63 @@ class Demo:
 
         self.step("a receipt (no checkpoint yet: unknown, never a guess)", receipt)
         self.step("slot evidence (retained, never a stop permit)", evidence)
+        self._park(client, seed, claim, incarnation)
+        self._rotate(client, repo, r2)
+
+    def _park(
+        self, client: SeedkeeperClient, seed: SeedIdentity, claim: OwnerClaim, incarnation: str
+    ) -> None:
+        """Uncommitted work, idle: checkpointed, verified, parked, and intact in R2."""
         checkout = self.stack.workspace("demo-seeded") / CHECKOUT
-        (checkout / "UNPUBLISHED.md").write_text("work nobody has pushed yet\n")
+        self._leave_work(checkout)
+        before = _git_output(checkout, "status", "--porcelain")
 
         def sweep() -> tuple[str, bool]:
             time.sleep(IDLE_WINDOW + 1)
-            with contextlib.redirect_stdout(io.StringIO()):  # its metrics, as EMF lines
-                report = self.stack.sweep()
+            report = self._sweep()
             cold_gone = self.stack.runtime.status("local:demo-cold:1") is TaskStatus.STOPPED
-            kept = self.stack.runtime.status("local:demo-seeded:1") is TaskStatus.RUNNING
-            intact = (checkout / "UNPUBLISHED.md").exists() and (checkout / ".git").is_dir()
-            outcome = f"stopped={report.stopped} retained={dict(report.retained)}"
-            ok = report.stopped == ["demo-cold"] and cold_gone and kept and intact
-            return outcome, ok
+            kept = self.stack.runtime.status(incarnation) is TaskStatus.RUNNING
+            outcome = f"stopped={report.stopped} asked to checkpoint={report.checkpoints_requested}"
+            asked = report.checkpoints_requested == ["demo-seeded"]
+            return outcome, report.stopped == ["demo-cold"] and asked and cold_gone and kept
 
         self.step("idle window passes; the sweep runs", sweep)
 
+        def checkpointed() -> tuple[str, bool]:
+            record = self._wait_for("demo-seeded", State.CHECKPOINTED)
+            checkpoint = record.checkpoint if record else None
+            if record is None or checkpoint is None:
+                return "no checkpoint recorded", False
+            text = f"{checkpoint.size:,} bytes, sha256 {checkpoint.sha256[:16]}…"
+            return text, record.frozen_at is not None
+
+        self.step("the slot task freezes, captures, uploads; the function verifies", checkpointed)
+
+        def parked() -> tuple[str, bool]:
+            report = self._sweep()
+            stopped = self.stack.runtime.status(incarnation) is TaskStatus.STOPPED
+            answer = client.receipt("demo-seeded", claim=claim, seed=seed, incarnation=incarnation)
+            until = time.strftime("%Y-%m-%d", time.gmtime(answer.retention_expires_at or 0))
+            text = f"parked={report.parked} receipt={answer.checkpoint}, kept until {until}"
+            ok = report.parked == ["demo-seeded"] and stopped and answer.checkpoint == "present"
+            return text, ok and answer.parked
+
+        self.step("the next sweep parks it: task stopped, receipt present", parked)
+
+        def intact() -> tuple[str, bool]:
+            record = self._record("demo-seeded")
+            checkpoint = record.checkpoint if record else None
+            if checkpoint is None:
+                return "no checkpoint", False
+            restored = self.root / "restored"
+            verified = r2_object_verified(checkpoint.key, checkpoint.sha256, self.root, restored)
+            work = (restored / "UNPUBLISHED.md").read_text() if verified else ""
+            same = verified and _git_output(restored, "status", "--porcelain") == before
+            return f"sha256 verified={verified}, git status as before={same}", same and bool(work)
+
+        self.step("the work, read back from R2, is intact", intact)
+
+    def _rotate(self, client: SeedkeeperClient, repo: Path, r2: R2) -> None:
         def rotate() -> tuple[str, bool]:
             for n in (2, 3):
                 commit_change(repo, n)
@@ -163,12 +211,37 @@ class Demo:
     def _snapshot(self, repo: Path, r2: R2) -> NewSnapshot:
         return published_snapshot(repo, RESOURCE, self.root / "scratch", r2)
 
+    def _leave_work(self, checkout: Path) -> None:
+        """What a run leaves and never pushes: an edit, a new file, as the slot user."""
+        (checkout / "README.md").write_text("# widgets\n\nedited, never committed\n")
+        (checkout / "UNPUBLISHED.md").write_text("work nobody has pushed yet\n")
+        runtime = self.stack.runtime
+        uid = runtime.slot_uid("demo-seeded") if isinstance(runtime, LocalRuntime) else None
+        if uid is not None:
+            for name in ("README.md", "UNPUBLISHED.md"):
+                os.chown(checkout / name, uid, uid)
+
+    def _sweep(self) -> Report:
+        with contextlib.redirect_stdout(io.StringIO()):  # its metrics, as EMF lines
+            return self.stack.sweep()
+
     @staticmethod
-    def _incarnation(slot: str) -> str:
+    def _record(slot: str) -> SlotRecord | None:
         classified = StoreSettings().lifecycle().read(slot)
-        if isinstance(classified, Supported) and classified.record.incarnation:
-            return classified.record.incarnation
-        return "local:unknown:0"
+        return classified.record if isinstance(classified, Supported) else None
+
+    def _wait_for(self, slot: str, state: State, timeout: float = 60) -> SlotRecord | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            record = self._record(slot)
+            if record is not None and record.state is state:
+                return record
+            time.sleep(0.2)
+        return None
+
+    def _incarnation(self, slot: str) -> str:
+        record = self._record(slot)
+        return record.incarnation if record and record.incarnation else "local:unknown:0"
 
     def _print(self) -> None:
         table = Table(title="Seedkeeper demo")
@@ -192,6 +265,26 @@ def published_snapshot(repo: Path, resource: str, scratch: Path, r2: R2) -> NewS
     )
 
 
+def r2_object_verified(key: str, sha256: str, scratch: Path, target: Path) -> bool:
+    """Download `key` from the stack's R2, check its sha256, unpack it into `target`."""
+    settings = R2Settings()
+    assert settings.access_key_id is not None
+    assert settings.secret_access_key is not None
+    s3 = aws.r2_client(
+        aws.session(),
+        settings.endpoint or "",
+        settings.access_key_id.get_secret_value(),
+        settings.secret_access_key.get_secret_value(),
+        budget=aws.TOOLS,
+    )
+    archive = scratch / "checkpoint.sqsh"
+    s3.download_file(settings.bucket or "", key, str(archive))
+    if hashlib.sha256(archive.read_bytes()).hexdigest() != sha256:
+        return False
+    subprocess.run(["unsquashfs", "-q", "-d", str(target), str(archive)], check=True)
+    return True
+
+
 def sample_repository(path: Path) -> Path:
     path.mkdir(parents=True)
     _git(path, "init", "-q", "--initial-branch=main")
@@ -210,8 +303,16 @@ def commit_change(repo: Path, n: int) -> None:
 
 
 def _git(repo: Path, *args: str) -> None:
+    _git_output(repo, *args)
+
+
+def _git_output(repo: Path, *args: str) -> str:
     author = ["-c", "user.name=Demo", "-c", "user.email=demo@example.com"]
-    subprocess.run(["git", "-C", str(repo), *author, *args], check=True, capture_output=True)
+    safe = ["-c", f"safe.directory={repo}"]  # the slot user's checkout, read by this user
+    done = subprocess.run(
+        ["git", "-C", str(repo), *author, *safe, *args], check=True, capture_output=True, text=True
+    )
+    return done.stdout
 
 
 def run_demo() -> int:
