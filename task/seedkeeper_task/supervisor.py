@@ -475,8 +475,10 @@ def main() -> int:
     if plan.binding.seed is not None and task.restore() == "superseded":
         return 0  # another attempt owns the slot now
     code = task.run_sandbox()
-    logger.info("task stopped", stopped_by_signal=stop.is_set())
-    return code
+    logger.info("task stopped", stopped_by_signal=stop.is_set(), sandbox_code=code)
+    # Stopped (a park, a retirement, the platform): the task did what it was asked. The
+    # sandbox's own code (killed at once when frozen) is in the log, not the task's.
+    return 0 if stop.is_set() else code
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ slot a container of the slot image on the host's network, stopped as ECS stops a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -11,11 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 
 from conftest import running_local_stack
 from executor import ORIGIN, claim_for, client_for, publish
 from repos import git, make_repository
+from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain.outcomes import Cold, NotSeeded, Seeded, Seeding
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
@@ -300,7 +303,85 @@ def test_the_idle_sweep_stops_a_cold_container_and_keeps_a_seeded_one(
     assert inspect(container(cold_incarnation))["State"]["ExitCode"] in {0, 143}
     assert record_of(stack, "cold-1").state is State.RETIRED
     assert runtime.status(seeded.incarnation or "") is TaskStatus.RUNNING
-    assert record_of(stack, "seeded").state is State.SEEDED
+    assert record_of(stack, "seeded").state is State.CHECKPOINTING  # asked, never stopped
+
+
+# A sandbox with a heartbeat and a child that left its session.
+HEARTBEAT = (
+    "setsid sh -c 'while :; do date +%s%N > /tmp/escaped; sleep 0.1; done' &"
+    " while :; do date +%s%N > .heartbeat; sleep 0.1; done"
+)
+
+
+def slot_user_states(name: str) -> list[str]:
+    """The state letter of each live process of uid 1000 in the container (T: stopped)."""
+    script = (
+        "for s in /proc/[0-9]*/status; do"
+        " awk '/^Uid:/{u=$2} /^State:/{s=$2} END{if (u==1000 && s!=\"Z\") print s}' $s;"
+        " done 2>/dev/null"
+    )
+    return docker("exec", name, "sh", "-c", script).split()
+
+
+def test_an_idle_container_is_frozen_checkpointed_and_parked_with_its_work(
+    tmp_path: Path, aws_credentials: None, slot_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SEEDKEEPER_SANDBOX_COMMAND", json.dumps(["sh", "-c", HEARTBEAT]))
+    with running_local_stack(
+        tmp_path,
+        task_runtime="docker",
+        slot_image=slot_image,
+        idle_window=2,
+        watch_interval=0.5,
+    ) as stack:
+        client = client_for(stack)
+        seed = publish(client, make_repository(tmp_path), tmp_path / "scratch")
+        claim = claim_for(seed)
+        seeded = client.seed("slot-1", seed, claim=claim, origin=ORIGIN, wait=True, timeout=120)
+        assert isinstance(seeded, Seeded), seeded
+        name = container(seeded.incarnation)
+        work = "echo 'never committed' >> README.md && echo notes > notes.txt"
+        as_slot_user(name, "sh", "-c", f"cd /workspace/checkout && {work}")
+        before = as_slot_user(name, "git", "-C", "/workspace/checkout", "status", "--porcelain")
+        assert "notes.txt" in before
+
+        time.sleep(3)
+        assert stack.sweep().checkpoints_requested == ["slot-1"]
+        wait_for(
+            lambda: record_of(stack, "slot-1").state is State.CHECKPOINTED, "checkpointed", 120
+        )
+        states = slot_user_states(name)
+        assert len(states) >= 2, states  # the sandbox and the child that escaped its session
+        assert set(states) == {"T"}, states
+        checkpoint = record_of(stack, "slot-1").checkpoint
+        assert checkpoint is not None
+
+        report = stack.sweep()
+        assert report.parked == ["slot-1"]
+        runtime = stack.runtime
+        assert runtime.status(seeded.incarnation or "") is TaskStatus.STOPPED
+        assert inspect(name)["State"]["ExitCode"] in {0, 143}  # SIGTERM, never SIGKILL
+        assert record_of(stack, "slot-1").state is State.PARKED
+
+        r2 = R2.from_settings(R2Settings())
+        facts = r2.head(checkpoint.key)
+        assert facts is not None
+        assert facts.size == checkpoint.size
+        archive = tmp_path / "checkpoint.sqsh"
+        boto3.client(
+            "s3",
+            endpoint_url=os.environ["SEEDKEEPER_R2_ENDPOINT"],
+            aws_access_key_id=os.environ["SEEDKEEPER_R2_ACCESS_KEY_ID"],
+            aws_secret_access_key=os.environ["SEEDKEEPER_R2_SECRET_ACCESS_KEY"],
+            region_name="auto",
+        ).download_file(os.environ["SEEDKEEPER_R2_BUCKET"], checkpoint.key, str(archive))
+        assert hashlib.sha256(archive.read_bytes()).hexdigest() == checkpoint.sha256
+        restored = tmp_path / "restored"
+        subprocess.run(["unsquashfs", "-q", "-d", str(restored), str(archive)], check=True)
+        assert (restored / "notes.txt").read_text() == "notes\n"
+        assert (restored / "README.md").read_text().endswith("never committed\n")
+        assert git(restored, "status", "--porcelain").strip() == before
+        assert os.stat(restored / "notes.txt").st_uid == 1000
 
 
 def test_a_stack_without_the_slot_image_says_so_at_start(
