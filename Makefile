@@ -86,8 +86,9 @@ pr: lint test ## Everything a change must pass before it lands
 # The working-day soak runs SOAK_MINUTES (10: about 13 minutes in all; 1 for a quick look).
 SOAK_MINUTES ?= 10
 
-bench: setup bench-packages ## Benchmark the restore (nginx on loopback), imports, sweep, API calls, a container seed, a working day on the local stack
+bench: setup bench-packages ## Benchmark the restore and the checkpoint (nginx on loopback), imports, sweep, API calls, a container seed, a working day on the local stack
 	$(BIN)/python benchmarks/restore.py --sizes "1 GB" "300 MB"
+	$(BIN)/python benchmarks/checkpoint.py --sizes 1000 300
 	$(BIN)/python benchmarks/imports.py
 	$(BIN)/python benchmarks/sweep.py
 	$(BIN)/python benchmarks/calls.py
@@ -97,7 +98,7 @@ bench: setup bench-packages ## Benchmark the restore (nginx on loopback), import
 # nginx serves the benchmark's archives on loopback; curl is the baseline's downloader.
 .PHONY: bench bench-packages
 bench-packages:
-	$(call apt-packages,nginx:nginx curl:curl)
+	$(call apt-packages,nginx:nginx curl:curl zstd:zstd)
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

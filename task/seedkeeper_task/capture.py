@@ -50,6 +50,7 @@ from seedkeeper_task.restore.repository import (
     repository_format,
     without_credentials,
 )
+from seedkeeper_task.sandbox import user_processes
 from seedkeeper_task.slot_user import SlotUser
 
 __all__ = [
@@ -194,7 +195,7 @@ def _signal_all(user: SlotUser, sent: signal.Signals, reason: str) -> None:
     """kill(-1, sent) as the slot user: the kernel lets it reach only that user's own
     processes, never root's. /bin/sh's builtin kill, since the supervisor's interpreter
     may not be reachable by the slot user (a virtualenv under root's home)."""
-    if not _members(user.uid):
+    if not user_processes(user.uid):
         return  # kill(-1) would fail with ESRCH, and no process of the user can appear
     argv = ["/bin/sh", "-c", f"kill -s {sent.name.removeprefix('SIG')} -- -1"]
     try:
@@ -210,30 +211,14 @@ def _signal_all(user: SlotUser, sent: signal.Signals, reason: str) -> None:
         )
     except (OSError, subprocess.SubprocessError) as failed:
         raise FreezeFailed(reason, type(failed).__name__) from None
-    if done.returncode != 0 and _members(user.uid):  # ESRCH: all exited meanwhile
+    if done.returncode != 0 and user_processes(user.uid):  # ESRCH: all exited meanwhile
         tail = os.fsdecode(done.stderr).strip()[-_STDERR_TAIL:]
         raise FreezeFailed(reason, f"helper exited {done.returncode}: {tail}")
 
 
-def _members(uid: int) -> list[tuple[int, str]]:
-    """(pid, state letter) of each live process whose real uid is `uid` (the uid the kernel
-    checks a kill(-1) by; an undumpable process's /proc folder looks root's)."""
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            status = (entry / "status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        state = fields.get("State", "").strip()[:1]
-        if fields.get("Uid", "").split()[:1] == [str(uid)] and state not in ("Z", "X"):
-            found.append((int(entry.name), state))
-    return found
-
-
 def _running(uid: int) -> list[int]:
     """The user's processes not yet stopped ("T", or "t" when traced)."""
-    return [pid for pid, state in _members(uid) if state not in ("T", "t")]
+    return [pid for pid, state in user_processes(uid) if state not in ("T", "t")]
 
 
 # -- capture ---------------------------------------------------------------------------------

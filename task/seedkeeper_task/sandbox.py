@@ -129,10 +129,10 @@ def end_user_processes(uid: int) -> None:
     if uid in (0, os.getuid()):
         raise ValueError("the slot user must be neither root nor the supervisor's user")
     for _ in range(_KILL_ROUNDS):
-        members = _processes_of(uid)
+        members = user_processes(uid)
         if not members:
             return
-        for pid in members:
+        for pid, _ in members:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -140,7 +140,10 @@ def end_user_processes(uid: int) -> None:
         time.sleep(0.02)
 
 
-def _processes_of(uid: int) -> list[int]:
+def user_processes(uid: int) -> list[tuple[int, str]]:
+    """(pid, state letter) of each live process whose real uid is `uid`, read from
+    /proc/<pid>/status (the uid kill(-1) and permission checks go by; an undumpable
+    process's /proc folder looks root's). Zombies and dead ones run nothing: left out."""
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
@@ -148,7 +151,7 @@ def _processes_of(uid: int) -> list[int]:
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        real_uid = fields.get("Uid", "").split()[:1]
-        if real_uid == [str(uid)] and not fields.get("State", "").strip().startswith("Z"):
-            found.append(int(entry.name))
+        state = fields.get("State", "").strip()[:1]
+        if fields.get("Uid", "").split()[:1] == [str(uid)] and state not in ("Z", "X"):
+            found.append((int(entry.name), state))
     return found

@@ -29,6 +29,7 @@ from seedkeeper.domain.opwindow import OpKind
 from seedkeeper.domain.outcomes import Seeded
 from seedkeeper.domain.record import SlotRecord, State, Supported
 from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper_task.sandbox import user_processes
 from seedkeeper_task.supervisor import CHECKOUT
 from seedkeeper_tools.client import SeedkeeperClient, SeedkeeperRefused
 from seedkeeper_tools.local.runtime import LocalRuntime
@@ -100,19 +101,8 @@ class Slot:
         return self.record()
 
     def processes(self) -> dict[int, str]:
-        """The slot user's live processes and their state letters (T: stopped); a zombie
-        waiting for its reaper runs nothing."""
-        found = {}
-        for entry in Path("/proc").glob("[0-9]*"):
-            try:
-                status = (entry / "status").read_text()
-            except OSError:
-                continue
-            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-            state = fields.get("State", "Z").strip()[:1]
-            if fields.get("Uid", "").split()[:1] == [str(self.uid)] and state != "Z":
-                found[int(entry.name)] = state
-        return found
+        """The slot user's live processes and their state letters (T: stopped)."""
+        return dict(user_processes(self.uid))
 
     def frozen(self) -> bool:
         states = self.processes().values()

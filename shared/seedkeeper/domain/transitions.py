@@ -386,22 +386,35 @@ BEGIN_ATTEMPT = Transition[At](
 )
 
 
-def _reserve_stop(record: SlotRecord, at: At) -> Decision:
-    reserved = opwindow.reserve(record.window, OpKind.STOP, Actor.SWEEP, record.attempt)
+def _idle_in(state: State) -> tuple[Check, ...]:
+    """The sweep's checks before any step it takes: expired (checked first: a fresh slot is
+    left alone whatever its state), in `state`, nothing in flight."""
+    return (
+        Below("idle_deadline", lambda p: p.now, "not-idle"),
+        InState(frozenset({state})),
+        Equals("open_ops", lambda p: 0, "unsettled-operations"),
+    )
+
+
+def _move_reserving(
+    record: SlotRecord, now: int, state: State, kind: OpKind, actor: Actor
+) -> Decision:
+    """Into `state`, with `actor`'s `kind` of work reserved in the same write."""
+    reserved = opwindow.reserve(record.window, kind, actor, record.attempt)
     if isinstance(reserved, opwindow.WindowFull):
         return Refused("window-full")
-    changed = _next(record, at.now, state=State.CLOSING, window=reserved.window)
+    changed = _next(record, now, state=state, window=reserved.window)
     return Change(changed, reserved.entry)
+
+
+def _reserve_stop(record: SlotRecord, at: At) -> Decision:
+    return _move_reserving(record, at.now, State.CLOSING, OpKind.STOP, Actor.SWEEP)
 
 
 FENCE = Transition[At](
     "fence",
     # The idle sweep's only way to destruction: a touch or a seed in the same tick fails it.
-    checks=(
-        Below("idle_deadline", lambda p: p.now, "not-idle"),
-        InState(frozenset({State.UNSEEDED})),
-        Equals("open_ops", lambda p: 0, "unsettled-operations"),
-    ),
+    checks=_idle_in(State.UNSEEDED),
     effect=_reserve_stop,
     to=frozenset({State.CLOSING}),
 )
@@ -410,11 +423,9 @@ FENCE = Transition[At](
 def _retire(record: SlotRecord, stopped: Stopped) -> Decision:
     """A tombstone until `expires_at`, out of the sweep's index. Any other unsettled
     obligation (an unknown one included) blocks it."""
-    settled = opwindow.settle(record.window, stopped.stop, "stopped")
-    if not isinstance(settled, opwindow.Changed) or settled.entry.kind is not OpKind.STOP:
-        return Refused("stop-not-open")
-    if settled.window.unsettled:
-        return Refused("unsettled-operations")
+    settled = _stop_settled(record, stopped.stop)
+    if isinstance(settled, Refused):
+        return settled
     changed = _next(
         record,
         stopped.now,
@@ -423,6 +434,16 @@ def _retire(record: SlotRecord, stopped: Stopped) -> Decision:
         expires_at=stopped.expires_at,
     )
     return Change(changed, settled.entry)
+
+
+def _stop_settled(record: SlotRecord, stop: OpRef) -> opwindow.Changed | Refused:
+    """The sweep's stop settled, when it is the last obligation open."""
+    settled = opwindow.settle(record.window, stop, "stopped")
+    if not isinstance(settled, opwindow.Changed) or settled.entry.kind is not OpKind.STOP:
+        return Refused("stop-not-open")
+    if settled.window.unsettled:
+        return Refused("unsettled-operations")
+    return settled
 
 
 RETIRE = Transition[Stopped](
@@ -439,21 +460,13 @@ def _request_checkpoint(record: SlotRecord, at: At) -> Decision:
     the same write that asks for it."""
     if record.incarnation is None:
         return Refused("task-unknown")
-    reserved = opwindow.reserve(record.window, OpKind.CHECKPOINT, Actor.SLOT_TASK, record.attempt)
-    if isinstance(reserved, opwindow.WindowFull):
-        return Refused("window-full")
-    changed = _next(record, at.now, state=State.CHECKPOINTING, window=reserved.window)
-    return Change(changed, reserved.entry)
+    return _move_reserving(record, at.now, State.CHECKPOINTING, OpKind.CHECKPOINT, Actor.SLOT_TASK)
 
 
 REQUEST_CHECKPOINT = Transition[At](
     "request_checkpoint",
     # The sweep's first step with an idle seeded slot: nothing is stopped by it.
-    checks=(
-        Below("idle_deadline", lambda p: p.now, "not-idle"),
-        InState(frozenset({State.SEEDED})),
-        Equals("open_ops", lambda p: 0, "unsettled-operations"),
-    ),
+    checks=_idle_in(State.SEEDED),
     effect=_request_checkpoint,
     to=frozenset({State.CHECKPOINTING}),
 )
@@ -594,11 +607,7 @@ def _reserve_park(record: SlotRecord, at: At) -> Decision:
 FENCE_PARK = Transition[At](
     "fence_park",
     # A touch (a new deadline, a new rev, `seeded`) in the same tick makes it fail.
-    checks=(
-        Below("idle_deadline", lambda p: p.now, "not-idle"),
-        InState(frozenset({State.CHECKPOINTED})),
-        Equals("open_ops", lambda p: 0, "unsettled-operations"),
-    ),
+    checks=_idle_in(State.CHECKPOINTED),
     effect=_reserve_park,
     to=frozenset({State.CLOSING}),
 )
@@ -612,11 +621,9 @@ def _park(record: SlotRecord, parked: Parked) -> Decision:
         return Refused("checkpoint-not-counted")
     if parked.expires_at < checkpoint.expires_at:
         return Refused("expires-before-checkpoint")  # the record outlives what it names
-    settled = opwindow.settle(record.window, parked.stop, "stopped")
-    if not isinstance(settled, opwindow.Changed) or settled.entry.kind is not OpKind.STOP:
-        return Refused("stop-not-open")
-    if settled.window.unsettled:
-        return Refused("unsettled-operations")
+    settled = _stop_settled(record, parked.stop)
+    if isinstance(settled, Refused):
+        return settled
     changed = _next(
         record,
         parked.now,
