@@ -384,27 +384,42 @@ def _free_port() -> int:
 
 
 class Nginx:
-    """nginx from the distribution, with its own minimal configuration, in the foreground."""
+    """nginx from the distribution, with its own minimal configuration, in the foreground.
+    With `accepts_puts`, its dav module also stores PUT bodies under `root` (written to
+    `temp` as they arrive, renamed into place when complete: keep both on one filesystem)."""
 
-    def __init__(self, root: Path, workdir: Path) -> None:
+    def __init__(
+        self, root: Path, workdir: Path, *, temp: Path | None = None, accepts_puts: bool = False
+    ) -> None:
         self.root = root
         self.home = workdir / "nginx"
+        self.temp = temp or self.home / "tmp"
+        self.accepts_puts = accepts_puts
         self.port = _free_port()
         self._process: subprocess.Popen[bytes] | None = None
 
-    def url(self, archive: Path) -> str:
-        return f"http://127.0.0.1:{self.port}/{archive.name}"
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
-    def start(self, probe: Path) -> None:
+    def url(self, archive: Path) -> str:
+        return f"{self.endpoint}/{archive.name}"
+
+    def start(self) -> None:
         binary = shutil.which("nginx") or "/usr/sbin/nginx"
         if not os.access(binary, os.X_OK):
             raise BenchError("nginx is not installed (make bench installs it as root)")
-        temp = self.home / "tmp"
-        temp.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.temp.mkdir(parents=True, exist_ok=True)
         log = self.home / "error.log"
         temps = "\n".join(
-            f'    {kind}_temp_path "{temp / kind}";'
+            f'    {kind}_temp_path "{self.temp}";'
             for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+        )
+        puts = (
+            "client_max_body_size 0; dav_methods PUT DELETE; create_full_put_path on;"
+            if self.accepts_puts
+            else ""
         )
         config = self.home / "nginx.conf"
         config.write_text(
@@ -422,6 +437,7 @@ http {{
     server {{
         listen 127.0.0.1:{self.port};
         root "{self.root}";
+        {puts}
     }}
 }}
 """
@@ -436,10 +452,12 @@ http {{
         while True:
             if self._process.poll() is not None:
                 raise BenchError(f"nginx exited: {log.read_text()[-500:] if log.exists() else ''}")
-            request = urllib.request.Request(self.url(probe), method="HEAD")  # noqa: S310
+            request = urllib.request.Request(self.endpoint + "/", method="HEAD")  # noqa: S310
             try:
                 with urllib.request.urlopen(request, timeout=2):  # noqa: S310 - loopback
                     return
+            except urllib.error.HTTPError:
+                return  # an answer, whatever it says: nginx serves
             except (urllib.error.URLError, OSError):
                 if time.monotonic() > deadline:
                     raise BenchError("nginx did not answer on loopback") from None
@@ -928,7 +946,7 @@ def measure_all(
     nginx = Nginx(workdir / "archives", workdir)
     moto = AtomicMotoServer().start()
     try:
-        nginx.start(inputs[0].archive)
+        nginx.start()
         dynamodb = boto3.client("dynamodb", endpoint_url=moto.endpoint, region_name=REGION)
         create_table(dynamodb, TABLE, load_template())
         table = boto3.resource("dynamodb", endpoint_url=moto.endpoint, region_name=REGION)
