@@ -95,3 +95,21 @@ def test_publish_refuses_a_checkout_holding_credentials_unless_asked_to_scrub(
     assert "rotated" in scrubbed.stdout
     assert token not in scrubbed.stdout + scrubbed.stderr
     assert token in git(repo, "config", "http.extraheader")  # the checkout is left as it is
+
+
+def test_r2_lifecycle_keeps_checkpoints_as_long_as_the_park_retention(stack: Stack) -> None:
+    """`--apply` writes the rule from SEEDKEEPER_PARK_RETENTION (a day more); `--check`
+    fails once the retention and the bucket disagree."""
+    env = os.environ | {"SEEDKEEPER_PARK_RETENTION": str(10 * 86_400)}
+    assert seedkeeper("r2-lifecycle", "--check", env=env).returncode == 1
+    applied = seedkeeper("r2-lifecycle", "--apply", env=env)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert "checkpoints/ after 11 days" in applied.stdout
+    rules = boto3.client("s3", endpoint_url=stack.endpoint, region_name="auto")
+    configured = rules.get_bucket_lifecycle_configuration(Bucket=stack.r2_settings.bucket or "")
+    ours = {rule["ID"]: rule for rule in configured["Rules"]}
+    assert ours["seedkeeper-checkpoints-expire"]["Expiration"]["Days"] == 11
+    longer = env | {"SEEDKEEPER_PARK_RETENTION": str(30 * 86_400)}
+    checked = seedkeeper("r2-lifecycle", "--check", env=longer)
+    assert checked.returncode == 1
+    assert "seedkeeper-checkpoints-expire: expiration days is 11, expected 31" in checked.stdout
