@@ -3,18 +3,21 @@
 Each request goes through the local stack as the executor sends it: signed HTTP to the
 function-URL gateway, which runs the same handlers in this process. A `before-call` hook on
 the process's boto3 session (`seedkeeper.adapters.aws`), registered before any client
-exists, counts every API call the handlers make (the slot tasks are processes of their own
-and are not counted). Setting up
-a checkpoint and uploading archives happen outside the counted requests.
+exists, counts every API call the handlers and the sweep make (the slot tasks are
+processes of their own: their calls are stated from the code, below the table). Uploading
+archives happens outside the counted requests. One checkpoint and park is measured whole:
+the sweep's request, the checkpoint function's calls while the real slot task freezes,
+captures and uploads, and the sweep's park.
 
 Targets: a seed birth at most 3 DynamoDB calls, a poll exactly 1, a receipt and slot
-evidence 1 plus at most one R2 HEAD, a rotation one transaction plus one delete batch.
+evidence 1 plus at most one R2 HEAD, a rotation one transaction plus one delete batch; a
+checkpoint request one write, the checkpoint function one read and one write (plus one
+HEAD), a park two writes and one StopTask.
 It never fails on a target; exit 1 only when the benchmark itself breaks.
 """
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import sys
 import tempfile
@@ -28,6 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import boto3
 from botocore.credentials import Credentials
 from rich.console import Console
 from rich.table import Table
@@ -35,20 +39,20 @@ from rich.table import Table
 from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
-from seedkeeper.domain import transitions
-from seedkeeper.domain.checkpoints import RetentionSettings, new_checkpoint
 from seedkeeper.domain.models import OwnerClaim, SeedIdentity
-from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.outcomes import Seeded
-from seedkeeper.domain.record import Supported
+from seedkeeper.domain.record import State, Supported
 from seedkeeper.observability import logger
-from seedkeeper.store.lifecycle import Written
+from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.demo import commit_change, published_snapshot, sample_repository
 from seedkeeper_tools.local.gateway import LocalCredentials
 from seedkeeper_tools.local.stack import LocalStack
 
+# measure(request, target, met, call): count the calls `call` makes, as one row.
+Measure = Callable[[str, str, Callable[[Counter[str]], bool], Callable[[], object]], object]
 RESOURCE = "calls-widgets"
+IDLE_WINDOW = 3
 ORIGIN = "https://git.example.com/calls/widgets.git"
 
 
@@ -97,7 +101,12 @@ def run(root: Path, console: Console) -> list[Row]:
     counter = CallCounter()
     credentials = LocalCredentials("calls-access-key", secrets.token_hex(16))
     stack = LocalStack(
-        data_dir=root / "data", port=0, credentials=credentials, sweep_interval=3600
+        data_dir=root / "data",
+        port=0,
+        credentials=credentials,
+        sweep_interval=3600,  # swept when measured
+        idle_window=IDLE_WINDOW,
+        watch_interval=0.5,
     ).start()
     # The stack starts the process's session anew with its store keys: count on that one.
     aws.session().events.register("before-call", counter)
@@ -158,7 +167,7 @@ def run(root: Path, console: Console) -> list[Row]:
         one_read = "DynamoDB 1, R2 HEAD ≤ 1"
         measure("receipt, no checkpoint", one_read, exactly_one_read, receipt)
         measure("slot evidence, no checkpoint", one_read, exactly_one_read, evidence)
-        record_checkpoint(r2, root, "seeded", claim, incarnation)
+        checkpoint_and_park(stack, measure)
         measure("receipt, a checkpoint recorded", one_read, exactly_one_read, receipt)
         measure("slot evidence, a checkpoint recorded", one_read, exactly_one_read, evidence)
         for n in (2, 3):
@@ -187,39 +196,40 @@ def rotation_met(owes: bool) -> Callable[[Counter[str]], bool]:
     )
 
 
-def record_checkpoint(r2: R2, root: Path, slot: str, owner: OwnerClaim, incarnation: str) -> None:
-    """A checkpoint of the slot, uploaded and recorded as the slot task records one."""
-    lifecycle = StoreSettings().lifecycle()
-    classified = lifecycle.read(slot)
-    assert isinstance(classified, Supported)
-    now = int(time.time())
-    upload = lifecycle.write(
-        transitions.RESERVE,
-        classified.record,
-        transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=now),
+def checkpoint_and_park(stack: LocalStack, measure: Measure) -> None:
+    """The idle seeded slot asked to checkpoint, checkpointed by its real slot task, parked.
+    The cold slot, idle too, is stopped by the first sweep (its calls are its own row)."""
+    time.sleep(IDLE_WINDOW + 1)
+    measure(
+        "sweep: stop the idle cold slot, ask the seeded one to checkpoint",
+        "UpdateItem: 2 (retire), 1 (request)",
+        lambda c: c["dynamodb:UpdateItem"] == 3,
+        stack.sweep,
     )
-    assert isinstance(upload, Written)
-    assert upload.entry is not None
-    body = b"the run's work, checkpointed"
-    archive = root / "checkpoint.sqsh"
-    archive.write_bytes(body)
-    facts = r2.upload(f"checkpoints/{slot}/1.sqsh", archive)
-    checkpoint = new_checkpoint(
-        RetentionSettings(),
-        key=facts.key,
-        size=facts.size,
-        etag=facts.etag,
-        sha256=hashlib.sha256(body).hexdigest(),
-        owner=owner,
-        incarnation=incarnation,
-        now=now,
+    measure(
+        "checkpoint function: upload, then record (the task's PUT between)",
+        "GetItem 2, UpdateItem 1, HEAD 1",
+        lambda c: c == {"dynamodb:GetItem": 2, "dynamodb:UpdateItem": 1, "s3:HeadObject": 1},
+        partial(wait_for_state, "seeded", State.CHECKPOINTED),
     )
-    recorded = lifecycle.write(
-        transitions.RECORD_CHECKPOINT,
-        upload.record,
-        transitions.Uploaded(checkpoint=checkpoint, upload=upload.entry.ref, now=now),
+    measure(
+        "sweep: park the checkpointed slot",
+        "UpdateItem 2 (fence, park)",
+        lambda c: c["dynamodb:UpdateItem"] == 2,
+        stack.sweep,
     )
-    assert isinstance(recorded, Written), recorded
+
+
+def wait_for_state(slot: str, state: State, timeout: float = 120) -> None:
+    """Reads with a client of its own session: they are not the handlers' calls."""
+    table = StoreSettings().table_resource(boto3.Session())
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        classified = Lifecycle(table).read(slot)
+        if isinstance(classified, Supported) and classified.record.state is state:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{slot} never became {state}")
 
 
 def report(rows: list[Row], console: Console) -> None:

@@ -121,7 +121,7 @@ class Watcher:
             logger.warning("checkpoint asked for, but no checkpoint function is configured")
             return "failed"
         freezing = transitions.Freezing(attempt=settings.attempt, op=op.ref, now=_now())
-        marked = self.lifecycle.apply(settings.slot, transitions.FREEZE, freezing)
+        marked = self.lifecycle.apply(settings.slot, transitions.FREEZE, freezing, as_read=record)
         if not isinstance(marked, Written | transitions.Acknowledged):
             return "superseded"  # touched or moved on before anything was stopped
         self.frozen = True

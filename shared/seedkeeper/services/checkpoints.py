@@ -137,7 +137,9 @@ class CheckpointService:
         uploaded = transitions.Uploaded(
             checkpoint=checkpoint, upload=call.op.ref, now=self._clock()
         )
-        outcome = self._lifecycle.apply(call.slot, transitions.RECORD_CHECKPOINT, uploaded)
+        outcome = self._lifecycle.apply(
+            call.slot, transitions.RECORD_CHECKPOINT, uploaded, as_read=record
+        )
         if isinstance(outcome, Refused | Conflict):
             return _refused(outcome)
         logger.info("checkpoint recorded", slot=call.slot, size=facts.size)
@@ -150,7 +152,9 @@ class CheckpointService:
         if isinstance(record, Refused):
             return record
         failed = transitions.CheckpointFailed(op=call.op.ref, reason=call.reason, now=self._clock())
-        outcome = self._lifecycle.apply(call.slot, transitions.CHECKPOINT_FAILED, failed)
+        outcome = self._lifecycle.apply(
+            call.slot, transitions.CHECKPOINT_FAILED, failed, as_read=record
+        )
         if isinstance(outcome, Refused | Conflict):
             return _refused(outcome)
         logger.warning("checkpoint failed", slot=call.slot, reason=call.reason, detail=call.detail)

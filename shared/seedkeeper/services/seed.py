@@ -110,9 +110,8 @@ class SeedService:
         record is answered as it is: still frozen."""
         if record.state not in transitions.CHECKPOINT_STATES:
             return record
-        thawed = self._lifecycle.write(transitions.THAW, record, poll)  # as the touch returned it
-        if isinstance(thawed, Conflict):
-            thawed = self._lifecycle.apply(record.slot, transitions.THAW, poll)
+        # On the record the touch returned: one call unless someone moved in between.
+        thawed = self._lifecycle.apply(record.slot, transitions.THAW, poll, as_read=record)
         return thawed.record if isinstance(thawed, Written | Acknowledged) else record
 
     def _birth(self, request: SeedRequest) -> SeedOutcome | None:

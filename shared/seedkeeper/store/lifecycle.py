@@ -207,19 +207,28 @@ class Lifecycle:
             return self._conflict(record.slot, error)
         return Written(decision.record, decision.entry)
 
-    def apply(self, slot: str, transition: Transition[P], params: P, *, rounds: int = 4) -> Outcome:
-        """Read, decide and write `transition`, re-deciding on the newer record when someone
-        moved first (a poll's touch, say). A `Conflict` comes back only when the record is
-        not one this code may write, or it kept moving for `rounds` reads."""
-        outcome: Outcome = Conflict(self.read(slot))
+    def apply(
+        self,
+        slot: str,
+        transition: Transition[P],
+        params: P,
+        *,
+        as_read: SlotRecord | None = None,
+        rounds: int = 4,
+    ) -> Outcome:
+        """Decide and write `transition` on the record (`as_read` when the caller already
+        holds it, else read now), re-deciding on the newer record when someone moved first
+        (a poll's touch, say). A `Conflict` comes back only when the record is not one this
+        code may write, or it kept moving for `rounds` writes."""
+        current: Classified = Supported(as_read) if as_read is not None else self.read(slot)
         for _ in range(rounds):
-            assert isinstance(outcome, Conflict)
-            if not isinstance(outcome.current, Supported):
-                return outcome
-            outcome = self.write(transition, outcome.current.record, params)
+            if not isinstance(current, Supported):
+                break
+            outcome = self.write(transition, current.record, params)
             if not isinstance(outcome, Conflict):
                 return outcome
-        return outcome
+            current = outcome.current
+        return Conflict(current)
 
     @staticmethod
     def _conflict(slot: str, error: ClientError) -> Conflict:
