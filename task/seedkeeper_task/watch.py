@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from seedkeeper.adapters import aws
 from seedkeeper.domain import transitions
-from seedkeeper.domain.checkpoints import retry_after
+from seedkeeper.domain.checkpoints import MAX_CHECKPOINT_BYTES, retry_after
 from seedkeeper.domain.opwindow import Actor, Operation, OpKind
 from seedkeeper.domain.record import SlotRecord, State, Supported
 from seedkeeper.observability import logger
@@ -56,8 +56,6 @@ from seedkeeper_task.slot_user import SlotUser
 _CAPTURE = "checkpoint.sqsh"
 _CALL_TIMEOUT = 30.0
 _BACKOFF = 2.0  # seconds before the second try of an upload; doubled for each further one
-# One PUT takes at most 5 GiB (S3 and R2); the checkpoint function refuses more.
-MAX_CHECKPOINT_BYTES = 5 * 1024**3
 
 Ending = Literal["checkpointed", "abandoned", "failed", "stopping", "superseded"]
 
@@ -107,8 +105,8 @@ class Watcher:
             self._thaw(None)
             return
         op = _open_checkpoint(record)
-        asked = record.state is State.CHECKPOINTING and op is not None and not self.frozen
-        if asked and op is not None and time.monotonic() >= self._not_before:
+        asked = record.state is State.CHECKPOINTING and not self.frozen
+        if op is not None and asked and time.monotonic() >= self._not_before:
             ending = self.checkpoint(record, op)
             logger.info("checkpoint ended", ending=ending)
 

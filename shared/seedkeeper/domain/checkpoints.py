@@ -15,6 +15,8 @@ from seedkeeper.domain.models import OwnerClaim
 from seedkeeper.domain.record import Checkpoint
 
 _DAY = 86_400
+# One PUT: S3 and R2 take at most 5 GiB in a single upload.
+MAX_CHECKPOINT_BYTES = 5 * 1024**3
 # A failed checkpoint is asked for again after this long, doubling per failure in a row.
 RETRY_FIRST = 60
 RETRY_MOST = 3600

@@ -19,7 +19,12 @@ from pydantic import Field
 
 from seedkeeper.adapters.r2 import R2, ObjectFacts
 from seedkeeper.domain import transitions
-from seedkeeper.domain.checkpoints import RetentionSettings, checkpoint_key, new_checkpoint
+from seedkeeper.domain.checkpoints import (
+    MAX_CHECKPOINT_BYTES,
+    RetentionSettings,
+    checkpoint_key,
+    new_checkpoint,
+)
 from seedkeeper.domain.models import Incarnation, Model, SlotId
 from seedkeeper.domain.opwindow import Actor, OpKind, OpRef
 from seedkeeper.domain.outcomes import CheckpointNotTaken, CheckpointRecorded, UploadGrant
@@ -28,8 +33,6 @@ from seedkeeper.domain.refused import Refused
 from seedkeeper.observability import METRICS_NAMESPACE, logger
 from seedkeeper.store.lifecycle import Conflict, Lifecycle
 
-# One PUT: S3 and R2 take at most 5 GiB in a single upload.
-MAX_CHECKPOINT_BYTES = 5 * 1024**3
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Md5 = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
 

@@ -53,6 +53,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wsgi import get_input_stream
 
+from seedkeeper.domain.checkpoints import MAX_CHECKPOINT_BYTES
 from seedkeeper.observability import logger
 from seedkeeper_tools.local.gateway import LocalCredentials
 from seedkeeper_tools.local.sigv4 import (
@@ -68,7 +69,7 @@ R2_REGION = "auto"  # R2 has one region, the one seedkeeper.adapters.r2 signs fo
 MAX_BODY = 64 * 1024 * 1024
 # A presigned PUT (a slot task's checkpoint) is one object of up to S3's and R2's single
 # PUT limit; it is spooled to a file past MAX_BODY rather than held in memory.
-MAX_PRESIGNED_BODY = 5 * 1024**3
+MAX_PRESIGNED_BODY = MAX_CHECKPOINT_BYTES
 _SPOOL_CHUNK = 1024 * 1024
 # A client that stops sending for this long has its connection closed.
 REQUEST_TIMEOUT = 30.0
