@@ -376,6 +376,8 @@ def _mksquashfs(
     if process.returncode != 0:
         tail = os.fsdecode(errors).strip()[-_STDERR_TAIL:]
         raise CaptureFailed("capture-failed", f"mksquashfs exited {process.returncode}: {tail}")
+    if max_bytes is not None and _size(output) > max_bytes:  # it finished between two looks
+        raise CaptureFailed("too-large")
 
 
 def _size(path: Path) -> int:

@@ -6,10 +6,12 @@ failures by short reasons, never by its URL."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -35,7 +37,7 @@ from seedkeeper_task.capture import (
     thaw,
     upload,
 )
-from seedkeeper_task.sandbox import end_user_processes
+from seedkeeper_task.sandbox import end_user_processes, user_processes
 from seedkeeper_task.slot_user import SlotUser
 
 # The last uid of this process's range: no local runtime of this process counts that far.
@@ -129,17 +131,7 @@ def process_state(pid: int) -> str:
 
 
 def processes_of(uid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            uids = next(
-                line for line in (entry / "status").read_text().splitlines() if line[:4] == "Uid:"
-            )
-        except (OSError, StopIteration):
-            continue
-        if uids.split()[1] == str(uid) and process_state(int(entry.name)) != "Z":
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, _ in user_processes(uid)]
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> None:
@@ -401,7 +393,7 @@ def test_a_git_directory_the_restore_would_refuse_is_not_captured(
 
 @pytest.fixture
 def big_checkout(place: Path, slot: SlotUser) -> Path:
-    """A checkout mksquashfs needs about a second for (incompressible)."""
+    """A checkout mksquashfs does not finish at once (64 MiB, incompressible)."""
     repo = checkout_of(place, None)
     with (repo / "random.bin").open("wb") as big:
         for _ in range(64):
@@ -417,14 +409,32 @@ def user_here(slot: SlotUser) -> SlotUser | None:
 def test_a_capture_past_its_timeout_leaves_nothing(
     big_checkout: Path, state: Path, slot: SlotUser
 ) -> None:
+    """mksquashfs is stopped (SIGSTOP) as soon as it starts, so the deadline passes while
+    it runs whatever the machine's speed."""
     target = state / "8.sqsh"
+    stalled = threading.Event()
+
+    def stall_mksquashfs() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for pid, _ in user_processes(slot.uid if os.geteuid() == 0 else os.getuid()):
+                with contextlib.suppress(OSError):
+                    if Path(f"/proc/{pid}/comm").read_text().strip() == "mksquashfs":
+                        os.kill(pid, signal.SIGSTOP)
+                        stalled.set()
+                        return
+            time.sleep(0.002)
+
+    staller = threading.Thread(target=stall_mksquashfs)
+    staller.start()
     started = time.monotonic()
-
     with pytest.raises(CaptureFailed) as failed:
-        capture(big_checkout, target, user=user_here(slot), timeout=0.3)
+        capture(big_checkout, target, user=user_here(slot), timeout=2)
+    staller.join()
 
+    assert stalled.is_set()
     assert failed.value.reason == "capture-timeout"
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10
     assert not os.path.lexists(target)
     assert leftovers(state, target) == []
     assert processes_of(slot.uid) == []  # mksquashfs was killed and reaped

@@ -20,6 +20,7 @@ import itertools
 import json
 import time
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -47,6 +48,7 @@ from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import State
 from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper_task.capture import upload
 from seedkeeper_tools.infra import FUNCTIONS
 
 # Cases per route (positive and negative together). About 12 ms a case on a 2-core
@@ -213,6 +215,7 @@ NOT_BROUGHT_ABOUT = {
     ("rotation", "POST", "/snapshots", 503),
     ("rotation", "GET", NAMED, 503),
     ("rotation", "DELETE", NAMED, 409),
+    ("checkpoint", "POST", "/checkpoints/failed", 503),  # it needs no R2: a throttled store
 }
 
 
@@ -223,7 +226,7 @@ def body_of(name: str) -> Any:
 
 @pytest.mark.usefixtures("no_launches")
 def test_every_real_answer_conforms_to_the_generated_document(
-    stack: Stack, monkeypatch: pytest.MonkeyPatch
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The stack brought to each answer a route gives: every one conforms to the document,
     and the document declares nothing else (but what `NOT_BROUGHT_ABOUT` names)."""
@@ -279,6 +282,35 @@ def test_every_real_answer_conforms_to_the_generated_document(
     send("slot_evidence", "POST", "/slot-evidence", 400, body={"slot": "x"})
     send("slot_evidence", "POST", "/slot-evidence", 415, **not_json)
 
+    # A slot task's checkpoint: nothing uploaded yet, the upload granted and made, recorded.
+    lifecycle = stack.store.lifecycle()
+    routes = ("/checkpoints/upload", "/checkpoints/record", "/checkpoints/failed")
+    captured = body_of("checkpoint-upload") | {"slot": "checkpointing-1"}
+    incarnation = captured["incarnation"]  # an ECS task ARN
+    stored_in(lifecycle, "checkpointing-1", State.CHECKPOINTING, incarnation)
+    send("checkpoint", "POST", "/checkpoints/record", 409, body=captured)  # no object yet
+    grant = send("checkpoint", "POST", "/checkpoints/upload", 200, body=captured)
+    body = tmp_path / "checkpoint.sqsh"
+    body.write_bytes(bytes(captured["size"]))  # the event's sha256 and md5 are of these
+    headers = {k: v for k, v in grant["headers"].items() if k.lower() != "content-length"}
+    upload(grant["url"], body, headers, size=captured["size"], timeout=30)
+    send("checkpoint", "POST", "/checkpoints/record", 200, body=captured)
+    send("checkpoint", "POST", "/checkpoints/upload", 409, body=captured)  # recorded: closed
+    not_taken = body_of("checkpoint-failed") | {"slot": "checkpointing-2"}
+    stored_in(lifecycle, "checkpointing-2", State.CHECKPOINTING, incarnation)
+    send("checkpoint", "POST", "/checkpoints/failed", 200, body=not_taken)
+    send("checkpoint", "POST", "/checkpoints/failed", 409, body=not_taken)
+    for path, request in zip(routes, (captured, captured, not_taken), strict=True):
+        stranger = request | {"incarnation": incarnation.replace("0123", "9999")}
+        send("checkpoint", "POST", path, 404, body=stranger)
+        send("checkpoint", "POST", path, 400, body=request | {"op": {"ordinal": 0}})
+        send("checkpoint", "POST", path, 415, **not_json)
+    unconfigured = captured | {"slot": "checkpointing-3"}
+    stored_in(lifecycle, "checkpointing-3", State.CHECKPOINTING, incarnation)
+    monkeypatch.delenv("SEEDKEEPER_R2_BUCKET")
+    for path in routes[:2]:
+        send("checkpoint", "POST", path, 503, body=unconfigured)
+
     # R2 refuses every deletion: the records are gone, the objects owed, the DELETE retried.
     bucket = stack.r2_settings.bucket or ""
     monkeypatch.setenv("SEEDKEEPER_R2_BUCKET", f"{bucket}-gone")
@@ -297,6 +329,8 @@ def test_every_real_answer_conforms_to_the_generated_document(
     send("rotation", "POST", "/snapshots", 500, body=snapshot)
     send("rotation", "GET", NAMED, 500, path_parameters=resource)
     send("rotation", "DELETE", NAMED, 500, path_parameters=resource)
+    for path, request in zip(routes, (captured, captured, not_taken), strict=True):
+        send("checkpoint", "POST", path, 500, body=request)
 
     declared = {
         (function, method.upper(), path, int(status))

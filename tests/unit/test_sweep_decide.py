@@ -21,6 +21,7 @@ from seedkeeper.domain.record import (
     Supported,
     Unsupported,
 )
+from seedkeeper.domain.refused import Refused
 from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.domain.sweep import (
     Disposition,
@@ -132,3 +133,19 @@ def test_a_tombstone_or_a_parked_slot_is_left_alone(state: State) -> None:
     ended = record_in(state)
     decision = decide(Supported(ended), now=EXPIRED + 10**6, task_status=asked_never)
     assert decision == Leave(state.value)
+
+
+def test_a_park_whose_checkpoint_expired_before_it_finished_is_retained_never_retired() -> None:
+    """Retiring it would hide that its work is gone: it is kept, and said why."""
+    fenced = changed(
+        transitions.FENCE_PARK.decide(record_in(State.CHECKPOINTED), transitions.At(EXPIRED + 1))
+    ).record
+    assert fenced.checkpoint is not None
+    later = fenced.checkpoint.expires_at + 1
+    decision = decide(Supported(fenced), now=later, task_status=asked_never)
+    assert decision == Retain("checkpoint-not-counted", fenced)
+    stop = fenced.window.entries[-1].ref
+    retired = transitions.RETIRE.decide(
+        fenced, transitions.Stopped(stop=stop, now=later, expires_at=later + 1)
+    )
+    assert retired == Refused("checkpointed")

@@ -120,7 +120,10 @@ def decide(
 
 
 def _closing(record: SlotRecord, now: int) -> Finish | Retain:
-    """Only the sweep's own open stop, nothing else in flight, is finished."""
+    """Only the sweep's own open stop, nothing else in flight, is finished: parked when
+    the fence was a park's and its checkpoint still counts, retired when it was a cold
+    slot's. A park whose checkpoint stopped counting is retained: retiring it would hide
+    the loss of its work."""
     stops = [
         entry
         for entry in record.window.entries
@@ -128,7 +131,14 @@ def _closing(record: SlotRecord, now: int) -> Finish | Retain:
     ]
     if len(stops) != 1 or record.window.unsettled != 1:
         return Retain("closing", record)
-    park = counts_for(
-        record.checkpoint, owner=record.owner, incarnation=record.incarnation, now=now
-    )
-    return Finish(record, park=park)
+    if not _parking(record):
+        return Finish(record, park=False)
+    if counts_for(record.checkpoint, owner=record.owner, incarnation=record.incarnation, now=now):
+        return Finish(record, park=True)
+    return Retain("checkpoint-not-counted", record)
+
+
+def _parking(record: SlotRecord) -> bool:
+    """Fenced for a park: its checkpoint is this incarnation's (a cold slot has none)."""
+    checkpoint = record.checkpoint
+    return checkpoint is not None and checkpoint.incarnation == record.incarnation

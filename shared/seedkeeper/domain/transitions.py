@@ -422,7 +422,11 @@ FENCE = Transition[At](
 
 def _retire(record: SlotRecord, stopped: Stopped) -> Decision:
     """A tombstone until `expires_at`, out of the sweep's index. Any other unsettled
-    obligation (an unknown one included) blocks it."""
+    obligation (an unknown one included) blocks it, and so does a checkpoint of this
+    incarnation: a slot fenced for a park is parked or kept, never retired."""
+    checkpoint = record.checkpoint
+    if checkpoint is not None and checkpoint.incarnation == record.incarnation:
+        return Refused("checkpointed")
     settled = _stop_settled(record, stopped.stop)
     if isinstance(settled, Refused):
         return settled
