@@ -9,12 +9,14 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
 
+from conftest import SLOT_UIDS_FROM_HERE
 from seedkeeper.domain.opwindow import Actor, OpRef
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.runtime import TaskStatus
@@ -71,8 +73,11 @@ def pid_of(runtime: LocalRuntime, slot: str) -> int:
 
 def test_a_launch_retried_while_the_first_is_starting_starts_one_task(tmp_path: Path) -> None:
     # Given launches of the same attempt, released together
-    runtime = LocalRuntime(tmp_path / "data", command=SLEEPER)
-    slots = [f"slot-{index}" for index in range(5)]
+    runtime = LocalRuntime(tmp_path / "data", command=SLEEPER, slot_uids_from=SLOT_UIDS_FROM_HERE)
+    # Named for this test alone: tasks_of scans every process on the machine, and other
+    # tests' tasks (local:slot-1:1 ...) run beside this one.
+    run = uuid.uuid4().hex[:8]
+    slots = [f"launch-{run}-{index}" for index in range(5)]
     for slot in slots:
         barrier = threading.Barrier(LAUNCHERS)
 
@@ -86,9 +91,10 @@ def test_a_launch_retried_while_the_first_is_starting_starts_one_task(tmp_path: 
         # Then they answer one incarnation
         assert answers == {f"local:{slot}:1"}
     try:
-        # And no attempt has a second task: what runs is the one its record names (a
-        # sleeper has been seen to vanish under the full suite, cause not yet found, in 2 of
-        # 7 runs: an attempt with no task left is not one with two)
+        # And no attempt has a second task: what runs is the one its record names. (Under
+        # the full suite a sleeper once vanished, and once another test's task was counted:
+        # this test's slot users and names were other tests' too, whose stops end every
+        # process of their slot users. Both are now its own.)
         for slot in slots:
             assert set(tasks_of(f"local:{slot}:1")) <= {pid_of(runtime, slot)}
     finally:
@@ -105,9 +111,12 @@ def test_stopping_many_tasks_asks_them_all_before_waiting_for_any(
     log = tmp_path / "stops.log"
     monkeypatch.setenv("STOP_LOG", str(log))
     runtime = LocalRuntime(
-        tmp_path / "data", command=(sys.executable, "-c", SLOW_TO_STOP), passthrough=("STOP_LOG",)
+        tmp_path / "data",
+        command=(sys.executable, "-c", SLOW_TO_STOP),
+        passthrough=("STOP_LOG",),
+        slot_uids_from=SLOT_UIDS_FROM_HERE,
     )
-    slots = [f"slot-{index}" for index in range(6)]
+    slots = [f"stop-{uuid.uuid4().hex[:8]}-{index}" for index in range(6)]
     for slot in slots:
         runtime.launch(plan(slot))
     deadline = time.monotonic() + 30
@@ -125,9 +134,13 @@ def test_stopping_many_tasks_asks_them_all_before_waiting_for_any(
 
 def test_a_task_that_ends_is_waited_for_at_once(tmp_path: Path) -> None:
     # Given a task that ends by itself, and one that is stopped
-    runtime = LocalRuntime(tmp_path / "data", command=(sys.executable, "-c", "pass"))
+    runtime = LocalRuntime(
+        tmp_path / "data",
+        command=(sys.executable, "-c", "pass"),
+        slot_uids_from=SLOT_UIDS_FROM_HERE,
+    )
     runtime.launch(plan("ends"))
-    stopped = LocalRuntime(tmp_path / "data", command=SLEEPER)
+    stopped = LocalRuntime(tmp_path / "data", command=SLEEPER, slot_uids_from=SLOT_UIDS_FROM_HERE)
     stopped.launch(plan("stopped"))
     stopped.stop("local:stopped:1")
     # Then neither is left as a zombie of this process

@@ -17,6 +17,7 @@ import pytest
 from moto import mock_aws
 from pydantic import SecretStr
 
+from conftest import SLOT_UIDS_FROM_HERE
 from seedkeeper.adapters.runtime import EcsRuntime, RuntimeSettings, started_by
 from seedkeeper.domain.opwindow import Actor, OpRef
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
@@ -70,7 +71,11 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture
 def local(tmp_path: Path) -> LocalRuntime:
-    return LocalRuntime(tmp_path / "data", command=(sys.executable, "-c", FAKE_TASK))
+    return LocalRuntime(
+        tmp_path / "data",
+        command=(sys.executable, "-c", FAKE_TASK),
+        slot_uids_from=SLOT_UIDS_FROM_HERE,
+    )
 
 
 def test_a_local_slot_task_runs_in_its_workspace_with_its_plan(
@@ -106,7 +111,7 @@ def test_status_and_stop_work_from_a_new_runtime_on_the_same_data_dir(
 ) -> None:
     incarnation = local.launch(plan())
     wait_for(local.workspace("slot-1") / "seen.txt")
-    restarted = LocalRuntime(tmp_path / "data")
+    restarted = LocalRuntime(tmp_path / "data", slot_uids_from=SLOT_UIDS_FROM_HERE)
     assert restarted.status(incarnation) is TaskStatus.RUNNING
     restarted.stop(incarnation)
     assert restarted.status(incarnation) is TaskStatus.STOPPED
@@ -148,7 +153,12 @@ def test_a_local_task_gets_what_an_ecs_task_gets_and_no_r2_key(
     monkeypatch.setenv("SEEDKEEPER_CHECKPOINT_URL", "http://127.0.0.1:8787")
     monkeypatch.setenv("SEEDKEEPER_WATCH_INTERVAL", "2")
     command = (sys.executable, "-c", FAKE_TASK)
-    local = LocalRuntime(tmp_path / "data", command=command, passthrough=("TASK_HOOK",))
+    local = LocalRuntime(
+        tmp_path / "data",
+        command=command,
+        passthrough=("TASK_HOOK",),
+        slot_uids_from=SLOT_UIDS_FROM_HERE,
+    )
 
     incarnation = local.launch(plan())
 
