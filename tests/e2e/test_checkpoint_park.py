@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +320,19 @@ class FaultyStore(http.server.ThreadingHTTPServer):
         self.shutdown()
         self.server_close()
 
+    @contextmanager
+    def presigned_for(self, slot: Slot) -> Iterator[None]:
+        """The slot goes idle and is asked to checkpoint while the checkpoint function
+        presigns its PUT for this store (the R2 endpoint it reads), until the PUT arrives."""
+        real = os.environ["SEEDKEEPER_R2_ENDPOINT"]
+        os.environ["SEEDKEEPER_R2_ENDPOINT"] = self.endpoint
+        try:
+            idle_then_sweep(slot)
+            assert self.puts.wait(60)
+            yield
+        finally:
+            os.environ["SEEDKEEPER_R2_ENDPOINT"] = real
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client hanging up on a stalled answer is part of the tests."""
 
@@ -358,14 +372,10 @@ def checkpoint_objects() -> list[str]:
 
 @pytest.mark.parametrize("faulty_store", ["refuse"], indirect=True)
 def test_r2_refusing_the_put_resumes_the_sandbox_and_records_why(
-    slot: Slot, faulty_store: FaultyStore, monkeypatch: pytest.MonkeyPatch
+    slot: Slot, faulty_store: FaultyStore
 ) -> None:
-    real = os.environ["SEEDKEEPER_R2_ENDPOINT"]
-    monkeypatch.setenv("SEEDKEEPER_R2_ENDPOINT", faulty_store.endpoint)
-    idle_then_sweep(slot)
-    assert faulty_store.puts.wait(60)
-    record = slot.wait_for_state(State.SEEDED)  # tried three times, then gave up
-    monkeypatch.setenv("SEEDKEEPER_R2_ENDPOINT", real)
+    with faulty_store.presigned_for(slot):
+        record = slot.wait_for_state(State.SEEDED)  # tried three times, then gave up
     assert (record.retained_reason, record.checkpoint_failures) == ("checkpoint-failed", 1)
     assert record.checkpoint is None
     assert record.frozen_at is None
@@ -382,14 +392,10 @@ def test_r2_refusing_the_put_resumes_the_sandbox_and_records_why(
 
 @pytest.mark.parametrize("faulty_store", ["stall"], indirect=True)
 def test_a_task_stopped_during_its_upload_is_never_parked(
-    slot: Slot, faulty_store: FaultyStore, monkeypatch: pytest.MonkeyPatch
+    slot: Slot, faulty_store: FaultyStore
 ) -> None:
-    real = os.environ["SEEDKEEPER_R2_ENDPOINT"]
-    monkeypatch.setenv("SEEDKEEPER_R2_ENDPOINT", faulty_store.endpoint)
-    idle_then_sweep(slot)
-    assert faulty_store.puts.wait(60)
-    slot.stack.runtime.stop(slot.incarnation)  # SIGTERM mid-upload: Spot, scale-in...
-    monkeypatch.setenv("SEEDKEEPER_R2_ENDPOINT", real)
+    with faulty_store.presigned_for(slot):
+        slot.stack.runtime.stop(slot.incarnation)  # SIGTERM mid-upload: Spot, scale-in...
     record = slot.record()
     assert record.state is State.SEEDED
     assert (record.retained_reason, record.checkpoint) == ("checkpoint-failed", None)
