@@ -58,7 +58,7 @@ from seedkeeper_task.sandbox import (
     start,
 )
 from seedkeeper_task.slot_user import SlotUser, slot_user
-from seedkeeper_task.watch import Watcher, WatchSettings
+from seedkeeper_task.watch import CheckpointSettings, Watcher, WatchSettings
 
 CHECKOUT = "checkout"
 HOME = "home"  # the sandbox's HOME, the slot user's, emptied before each run
@@ -82,14 +82,6 @@ class TaskSettings(BaseSettings):
     slot_uid: int | None = None
     slot_gid: int | None = None
     sandbox_command: tuple[str, ...] = ()  # argv (JSON list); empty: wait until stopped
-    # The checkpoint (DESIGN §10): the function's URL, how often the record is read (a poll
-    # waits on the frozen interval), and the bounds of one capture and one upload.
-    checkpoint_url: str | None = None
-    watch_interval: Annotated[float, Field(gt=0, le=3600)] = 30.0
-    frozen_watch_interval: Annotated[float, Field(gt=0, le=60)] = 2.0
-    checkpoint_timeout: Annotated[float, Field(gt=0)] = 600.0  # the capture
-    upload_timeout: Annotated[float, Field(gt=0)] = 60.0  # no byte moving for this long
-    checkpoint_attempts: Annotated[int, Field(ge=1, le=10)] = 3
 
     def slot_user(self) -> SlotUser | None:
         return slot_user(self.slot_uid, self.slot_gid)
@@ -141,12 +133,7 @@ class SlotTask:
                 checkout=self.checkout,
                 state_dir=self.state_dir,
                 user=settings.slot_user(),
-                checkpoint_url=settings.checkpoint_url,
-                watch_interval=settings.watch_interval,
-                frozen_watch_interval=settings.frozen_watch_interval,
-                capture_timeout=settings.checkpoint_timeout,
-                upload_timeout=settings.upload_timeout,
-                attempts=settings.checkpoint_attempts,
+                checkpointing=CheckpointSettings(),
             ),
             lifecycle,
             stop,

@@ -31,7 +31,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from seedkeeper.adapters import aws
 from seedkeeper.domain import transitions
@@ -60,19 +63,31 @@ _BACKOFF = 2.0  # seconds before the second try of an upload; doubled for each f
 Ending = Literal["checkpointed", "abandoned", "failed", "stopping", "superseded"]
 
 
+class CheckpointSettings(BaseSettings):
+    """The checkpoint's part of the slot task's environment: the function's URL, how often
+    the record is read (a poll waits on the frozen interval), the bounds of one capture
+    and one upload, and how many times upload and record are tried."""
+
+    model_config = SettingsConfigDict(env_prefix="SEEDKEEPER_", extra="ignore", frozen=True)
+
+    checkpoint_url: str | None = None
+    watch_interval: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    frozen_watch_interval: Annotated[float, Field(gt=0, le=60)] = 2.0
+    checkpoint_timeout: Annotated[float, Field(gt=0)] = 600.0  # the capture
+    upload_timeout: Annotated[float, Field(gt=0)] = 60.0  # no byte moving for this long
+    checkpoint_attempts: Annotated[int, Field(ge=1, le=10)] = 3
+
+
 @dataclass(frozen=True)
 class WatchSettings:
+    """Which slot task watches, where its checkout is, and who its sandbox runs as."""
+
     slot: str
     attempt: int
     checkout: Path
     state_dir: Path
     user: SlotUser | None
-    checkpoint_url: str | None
-    watch_interval: float
-    frozen_watch_interval: float
-    capture_timeout: float
-    upload_timeout: float
-    attempts: int
+    checkpointing: CheckpointSettings
 
 
 class Abandoned(Exception):
@@ -93,7 +108,11 @@ class Watcher:
 
     def interval(self) -> float:
         """Seconds to the next look: jittered by ±20 %, shorter while a poll may wait."""
-        base = self.settings.frozen_watch_interval if self.frozen else self.settings.watch_interval
+        base = (
+            self.settings.checkpointing.frozen_watch_interval
+            if self.frozen
+            else self.settings.checkpointing.watch_interval
+        )
         return base * random.uniform(0.8, 1.2)  # noqa: S311 - spreading reads, not a secret
 
     def look(self) -> None:
@@ -114,7 +133,7 @@ class Watcher:
         """Freeze, capture, upload, record. Any ending but `checkpointed` leaves the
         sandbox running and the record saying so."""
         settings = self.settings
-        if not settings.checkpoint_url:
+        if not settings.checkpointing.checkpoint_url:
             # Nowhere to upload: nothing is stopped; the sweep retains the slot meanwhile.
             logger.warning("checkpoint asked for, but no checkpoint function is configured")
             return "failed"
@@ -132,7 +151,7 @@ class Watcher:
                         settings.checkout,
                         target,
                         user=settings.user,
-                        timeout=settings.capture_timeout,
+                        timeout=settings.checkpointing.checkpoint_timeout,
                         cancel=cancel,
                         max_bytes=MAX_CHECKPOINT_BYTES,
                     )
@@ -168,7 +187,7 @@ class Watcher:
             "md5": captured.md5,
         }
         reason = "upload-failed"
-        for attempt in range(self.settings.attempts):
+        for attempt in range(self.settings.checkpointing.checkpoint_attempts):
             if attempt and cancel.wait(_BACKOFF * 2 ** (attempt - 1)):
                 break
             if attempt and (recorded := self._recorded(op)) is not None:
@@ -185,7 +204,7 @@ class Watcher:
                     captured.path,
                     headers,
                     size=captured.size,
-                    timeout=self.settings.upload_timeout,
+                    timeout=self.settings.checkpointing.upload_timeout,
                     cancel=cancel,
                 )
                 return self._call("/checkpoints/record", body)
@@ -226,7 +245,7 @@ class Watcher:
         return "stopping" if reason == "task-stopping" else "failed"
 
     def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        url = self.settings.checkpoint_url
+        url = self.settings.checkpointing.checkpoint_url
         assert url is not None  # `checkpoint` starts nothing without one
         session = aws.session()
         credentials = session.get_credentials()
@@ -300,7 +319,7 @@ class Watcher:
         done = threading.Event()
 
         def watch() -> None:
-            next_look = time.monotonic() + self.settings.frozen_watch_interval
+            next_look = time.monotonic() + self.settings.checkpointing.frozen_watch_interval
             while not done.wait(0.1):
                 if self.stop.is_set():
                     cancel.set()
@@ -312,7 +331,7 @@ class Watcher:
                 if record is not None and not wanted and self._came_back():
                     cancel.set()
                     return
-                next_look = time.monotonic() + self.settings.frozen_watch_interval
+                next_look = time.monotonic() + self.settings.checkpointing.frozen_watch_interval
 
         watcher = threading.Thread(target=watch, name="checkpoint-watch", daemon=True)
         watcher.start()

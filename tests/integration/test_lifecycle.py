@@ -250,7 +250,7 @@ TRANSITIONS: dict[str, Transition] = {
         lambda lc, r: lc.write(
             transitions.RESERVE,
             r,
-            transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+            transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SLOT_TASK, now=NOW),
         ),
     ),
     "settle": (
@@ -285,7 +285,7 @@ def test_a_stale_rev_loses_and_is_answered_with_the_current_record(
         lifecycle.write(
             transitions.RESERVE,
             stale,
-            transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW),
+            transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SEED_FN, now=NOW),
         )
     )
     item = stored(table)
@@ -661,7 +661,7 @@ def test_store_errors_are_translated_by_code_and_nothing_is_written(
             lifecycle.write(
                 transitions.RESERVE,
                 record,
-                transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW),
+                transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SEED_FN, now=NOW),
             )
         stub.add_client_error("get_item", service_error_code=code, http_status_code=400)
         with pytest.raises(error, match=code):

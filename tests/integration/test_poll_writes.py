@@ -20,9 +20,8 @@ from builders import NOW, ORIGIN, checkpoint, owner, seed, stored_in, written
 from conftest import Stack
 from functions import event, invoke, load_function
 from seedkeeper.domain import transitions
-from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import State, slot_key
-from seedkeeper.store.lifecycle import Lifecycle, Written
+from seedkeeper.store.lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -161,21 +160,17 @@ def test_a_failed_result_with_an_unknown_reason_is_never_touched(stack: Stack) -
 
 
 def with_checkpoint(lifecycle: Lifecycle) -> dict[str, Any]:
-    """A seeded record with a verified checkpoint, as the checkpoint function records it."""
-    record = stored_in(lifecycle, SLOT, State.SEEDED)
-    reserved = lifecycle.write(
-        transitions.RESERVE,
-        record,
-        transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
-    )
-    assert isinstance(reserved, Written)
-    assert reserved.entry is not None
-    upload = reserved.entry.ref
-    recorded = checkpoint()
+    """A seeded record with a verified checkpoint, as a poll during the checkpoint leaves
+    it: asked, moved back to seeded by the poll, then recorded by the checkpoint function."""
+    asked = stored_in(lifecycle, SLOT, State.CHECKPOINTING)
+    upload = asked.window.entries[-1].ref
+    poll = transitions.Poll(asked.binding, now=NOW, idle_deadline=NOW + 600)
+    thawed = written(lifecycle.write(transitions.THAW, asked, poll))
+    recorded = checkpoint(incarnation=asked.incarnation)
     written(
         lifecycle.write(
             transitions.RECORD_CHECKPOINT,
-            reserved.record,
+            thawed,
             transitions.Uploaded(checkpoint=recorded, upload=upload, now=NOW),
         )
     )

@@ -90,7 +90,7 @@ def test_sixteen_reservations_in_one_window_never_share_an_ordinal(http_table: T
             outcome = lifecycle.write(
                 transitions.RESERVE,
                 classified.record,
-                transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+                transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SLOT_TASK, now=NOW),
             )
             if isinstance(outcome, Written):
                 assert outcome.entry is not None

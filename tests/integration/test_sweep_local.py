@@ -55,7 +55,7 @@ def test_only_positively_unseeded_idle_slots_are_stopped(
     reserved = lifecycle.write(
         transitions.RESERVE,
         busy,
-        transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=1),
+        transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SLOT_TASK, now=1),
     )
     assert isinstance(reserved, Written)
     touched = slots.record("cold-touched")

@@ -110,7 +110,7 @@ PARAMS: dict[str, list[Callable[[SlotRecord], Any]]] = {
     ],
     "park": [lambda r: transitions.Parked(launch(r, 1), now=NOW, expires_at=EXPIRED)],
     "note_retained": [lambda r: transitions.Retained("seeded", now=NOW)],
-    "reserve": [lambda r: transitions.Reservation(OpKind.CHECKPOINT, Actor.SLOT_TASK, NOW)],
+    "reserve": [lambda r: transitions.Reservation(OpKind.LAUNCH, Actor.SLOT_TASK, NOW)],
     "settle": [lambda r: transitions.Settlement(launch(r, 1), "launched", NOW)],
 }
 

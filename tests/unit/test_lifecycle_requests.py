@@ -61,7 +61,7 @@ def test_a_transition_is_one_conditional_update_returning_the_old_item_on_failur
         outcome = Lifecycle(table).write(
             transitions.RESERVE,
             record,
-            transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+            transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SLOT_TASK, now=NOW),
         )
         stub.assert_no_pending_responses()
     assert isinstance(outcome, Written)
@@ -82,7 +82,7 @@ def test_a_failed_condition_becomes_a_conflict_carrying_the_old_item(table: Tabl
         outcome = Lifecycle(table).write(
             transitions.RESERVE,
             read,
-            transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+            transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SLOT_TASK, now=NOW),
         )
     assert outcome == Conflict(Supported(winner))
 

@@ -20,6 +20,7 @@ from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.services.seed import SeedSettings
 from seedkeeper.services.sweep import SweepSettings
 from seedkeeper_task.supervisor import TaskSettings
+from seedkeeper_task.watch import CheckpointSettings
 from seedkeeper_tools.infra import TABLE_RESOURCE, TEMPLATE, load_template, table_properties
 
 Template = dict[str, Any]
@@ -40,7 +41,7 @@ READS: dict[str, tuple[type[BaseSettings], ...]] = {
     "checkpoint": (StoreSettings, R2Settings, RetentionSettings),
     "idle_sweep": (StoreSettings, R2Settings, RuntimeSettings, SweepSettings),
 }
-SLOT_TASK_READS: tuple[type[BaseSettings], ...] = (StoreSettings, TaskSettings)
+SLOT_TASK_READS: tuple[type[BaseSettings], ...] = (StoreSettings, TaskSettings, CheckpointSettings)
 WITH_URL = {"seed", "receipt", "slot_evidence", "rotation", "checkpoint"}
 NEVER_TOUCH_THE_RUNTIME = {"receipt", "slot_evidence", "checkpoint"}
 # The one function a slot task may call (through its URL), and the one principal that may.
@@ -512,7 +513,7 @@ def test_without_r2_parameters_the_functions_run_cold(
     [
         ("IdleWindowSeconds", SeedSettings, "idle_window"),
         ("ParkRetentionSeconds", RetentionSettings, "park_retention"),
-        ("WatchIntervalSeconds", TaskSettings, "watch_interval"),
+        ("WatchIntervalSeconds", CheckpointSettings, "watch_interval"),
     ],
 )
 def test_every_value_a_parameter_allows_the_code_accepts(
@@ -592,9 +593,9 @@ def test_the_slot_task_is_told_where_to_checkpoint_and_how_often_to_look(
     values = sample_values(template)
     for name, value in environment.items():
         monkeypatch.setenv(name, str(resolve(value, values)))
-    settings = TaskSettings()
-    assert str(getattr(settings, "checkpoint_url", "")).startswith("https://")
-    assert getattr(settings, "watch_interval", None) == 30
+    settings = CheckpointSettings()
+    assert str(settings.checkpoint_url).startswith("https://")
+    assert settings.watch_interval == 30
 
 
 def test_every_reader_of_the_park_retention_is_given_the_parameter(template: Template) -> None:

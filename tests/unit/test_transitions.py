@@ -169,7 +169,7 @@ def test_only_an_expired_unseeded_slot_with_nothing_in_flight_is_fenced(
         record = changed(
             transitions.RESERVE.decide(
                 record,
-                transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW),
+                transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SEED_FN, now=NOW),
             )
         ).record
     now = EXPIRED if expired else NOW + IDLE
@@ -206,7 +206,7 @@ def test_retire_settles_the_stop_and_needs_no_other_obligation() -> None:
     ) == Acknowledged(retired.record)
     blocked = changed(
         transitions.RESERVE.decide(
-            closing, transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SEED_FN, now=NOW)
+            closing, transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SEED_FN, now=NOW)
         )
     ).record
     assert transitions.RETIRE.decide(
@@ -258,15 +258,15 @@ def test_reserve_refuses_a_full_window_and_a_retired_slot() -> None:
         record = changed(
             transitions.RESERVE.decide(
                 record,
-                transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+                transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SLOT_TASK, now=NOW),
             )
         ).record
     assert transitions.RESERVE.decide(
-        record, transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW)
+        record, transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SLOT_TASK, now=NOW)
     ) == Refused("window-full")
     assert transitions.RESERVE.decide(
         record_in(State.RETIRED),
-        transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW),
+        transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SLOT_TASK, now=NOW),
     ) == Refused("state-retired")
 
 
@@ -275,7 +275,7 @@ def test_every_change_grows_rev_by_one_and_never_moves_updated_at_back() -> None
     later = changed(
         transitions.RESERVE.decide(
             record,
-            transitions.Reservation(kind=OpKind.CHECKPOINT, actor=Actor.SLOT_TASK, now=NOW - 50),
+            transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SLOT_TASK, now=NOW - 50),
         )
     ).record
     assert later.rev == record.rev + 1
@@ -320,3 +320,13 @@ def test_the_checks_are_made_in_their_declared_order() -> None:
     assert fresh == Refused("not-idle")
     stranger = transitions.Poll(Binding(owner=owner()), now=NOW, idle_deadline=NOW + IDLE)
     assert transitions.TOUCH.decide(record_in(State.CLOSING), stranger) == Refused("claim-mismatch")
+
+
+@pytest.mark.parametrize("kind", [OpKind.RESTORE, OpKind.STOP, OpKind.CHECKPOINT])
+def test_work_that_moves_the_state_is_never_reserved_beside_its_protocol(kind: OpKind) -> None:
+    """A checkpoint reserved by `reserve` would let `record_checkpoint` record one the
+    sweep never asked for and no freeze preceded."""
+    decision = transitions.RESERVE.decide(
+        record_in(State.SEEDED), transitions.Reservation(kind=kind, actor=Actor.SLOT_TASK, now=NOW)
+    )
+    assert decision == Refused(f"{kind}-reserved-with-its-state")

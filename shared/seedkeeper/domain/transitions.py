@@ -657,8 +657,18 @@ NOTE_RETAINED = Transition[Retained](
 )
 
 
+# Reserved and settled only by the transitions that also move the state: a restore by
+# birth, `BEGIN_ATTEMPT` and `SETTLE_SEED`; a stop by the fences, `RETIRE` and `PARK`; a
+# checkpoint by `REQUEST_CHECKPOINT`, `RECORD_CHECKPOINT`, `CHECKPOINT_FAILED` or `THAWED`.
+_SETTLED_WITH_STATE = frozenset({OpKind.RESTORE, OpKind.STOP, OpKind.CHECKPOINT})
+
+
 def _reserve(record: SlotRecord, reservation: Reservation) -> Decision:
-    """Reserved before the effect starts; a full window refuses before any effect."""
+    """Reserved before the effect starts; a full window refuses before any effect. Work
+    that moves the state with it (a restore, a stop, a checkpoint) is reserved only by its
+    own transition: never beside the protocol that would settle it."""
+    if reservation.kind in _SETTLED_WITH_STATE:
+        return Refused(f"{reservation.kind}-reserved-with-its-state")
     reserved = opwindow.reserve(record.window, reservation.kind, reservation.actor, record.attempt)
     if isinstance(reserved, opwindow.WindowFull):
         return Refused("window-full")
@@ -670,11 +680,6 @@ RESERVE = Transition[Reservation](
     checks=(InState(LIVE_STATES | {State.CLOSING}),),
     effect=_reserve,
 )
-
-
-# Settled only by the transitions that also move the state: `SETTLE_SEED`, `RETIRE` and
-# `PARK`, and for a checkpoint `RECORD_CHECKPOINT`, `CHECKPOINT_FAILED` or `THAWED`.
-_SETTLED_WITH_STATE = frozenset({OpKind.RESTORE, OpKind.STOP, OpKind.CHECKPOINT})
 
 
 def _settle(record: SlotRecord, settlement: Settlement) -> Decision:
