@@ -39,6 +39,7 @@ from slots import (
     seed_function,
     squashfs_of,
     verdict,
+    wait_for,
 )
 
 
@@ -75,6 +76,8 @@ def test_a_published_snapshot_seeds_a_slot(slots: Slots, repo: Path, deps: Path)
     assert marker["seed"]["checkout_backup_id"] == seed["checkout_backup_id"]
     assert marker["owner"] == body["claim"]
     assert not (slots.workspace() / STATE_DIR / "downloads").exists()
+    # The task logs its settle after the write that the poll saw, so the line may lag.
+    wait_for(lambda: "restore settled" in slots.log("slot-1"), "the settle's log line")
     events = [json.loads(line) for line in slots.log("slot-1").splitlines() if line.strip()]
     assert [e["message"] for e in events][:2] == ["task started", "restore settled"]
     assert "X-Amz-Signature" not in slots.log("slot-1")
