@@ -67,6 +67,7 @@ OUTCOMES: Mapping[str, Status] = {
     "NotSeeded": always(HTTPStatus.OK),
     "Cold": always(HTTPStatus.OK),
     "Seeding": always(HTTPStatus.ACCEPTED),  # poll again
+    "KeptAlive": always(HTTPStatus.OK),
     "Receipt": always(HTTPStatus.OK),
     "UploadGrant": always(HTTPStatus.OK),
     "CheckpointRecorded": always(HTTPStatus.OK),

@@ -21,6 +21,7 @@ class Seeding(Model):
     attempt: int
     incarnation: str | None
     claim: OwnerClaim | None
+    resumed: bool = False  # restoring the slot's parked checkpoint
 
 
 class Seeded(Model):
@@ -38,6 +39,8 @@ class Seeded(Model):
     # The slot was idle and its sandbox stopped for a checkpoint: this poll asked for it
     # back, and until the slot task has resumed it (within its watch interval) it is frozen.
     frozen: bool = False
+    # Restored from the slot's own checkpoint (then `from` is "checkpoint").
+    resumed: bool = False
 
 
 class NotSeeded(Model):
@@ -56,6 +59,18 @@ class Cold(Model):
 
 
 SeedOutcome = Seeded | NotSeeded | Cold | Seeding | Refused
+
+
+# -- POST /keepalive ------------------------------------------------------------------------
+
+
+class KeptAlive(Model):
+    slot: str
+    state: str
+    idle_deadline: int
+    # As for a seed's poll: the sandbox was stopped for a checkpoint and this touch asked for
+    # it back; it runs again within the slot task's frozen watch interval.
+    frozen: bool
 
 
 # -- POST /receipt, POST /slot-evidence ----------------------------------------------------
@@ -83,7 +98,7 @@ class Evidence(Model):
     checkpoint: CheckpointState
     # Never a stop permit: the checkout's current bytes, exclusive ownership and detached
     # writers' quiescence are not proven by any of these facts.
-    disposition: Literal["retained", "retired", "parked"]
+    disposition: Literal["retained", "retired", "parked", "lost"]
 
 
 # -- /checkpoints (the slot task's) ---------------------------------------------------------

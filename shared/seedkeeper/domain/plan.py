@@ -27,6 +27,9 @@ class SlotPlan(Model):
     # reads the size and sha256 to verify against from the snapshot records themselves.
     checkout: SecretStr | None = None
     deps: SecretStr | None = None
+    # A resume: the presigned GET of the slot's parked checkpoint, restored instead of the
+    # snapshot (verified against the size and sha256 the record names).
+    resume: SecretStr | None = None
     deps_path: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")] = (
         "node_modules"
     )
@@ -38,7 +41,11 @@ class SlotPlan(Model):
     def to_env(self) -> str:
         """The JSON for PLAN_VARIABLE, URLs revealed (SecretStr hides them everywhere else)."""
         body = self.model_dump(mode="json", exclude_none=True)
-        for name, url in (("checkout", self.checkout), ("deps", self.deps)):
+        for name, url in (
+            ("checkout", self.checkout),
+            ("deps", self.deps),
+            ("resume", self.resume),
+        ):
             if url is not None:
                 body[name] = url.get_secret_value()
         return json.dumps(body, separators=(",", ":"))

@@ -49,6 +49,7 @@ class State(StrEnum):
     CLOSING = "closing"  # the task is being stopped (retirement or park)
     RETIRED = "retired"  # container stopped after proof; tombstone until TTL
     PARKED = "parked"  # task stopped after a verified checkpoint; kept until it expires
+    LOST = "lost"  # task stopped without a verified checkpoint: the work is gone, and said so
 
 
 # A poll may touch these: a slot whose task is (or may be) running.
@@ -62,10 +63,12 @@ LIVE_STATES = frozenset(
         State.CHECKPOINTED,
     }
 )
-# A seed succeeded and its result stays while the work is checkpointed and parked.
-SUCCEEDED_STATES = frozenset({State.SEEDED, State.CHECKPOINTING, State.CHECKPOINTED, State.PARKED})
+# A seed succeeded and its result stays while the work is checkpointed, parked or lost.
+SUCCEEDED_STATES = frozenset(
+    {State.SEEDED, State.CHECKPOINTING, State.CHECKPOINTED, State.PARKED, State.LOST}
+)
 # No task any more: out of the sweep's index, and expiring (the table's TTL).
-ENDED_STATES = frozenset({State.RETIRED, State.PARKED})
+ENDED_STATES = frozenset({State.RETIRED, State.PARKED, State.LOST})
 
 
 class SeedSucceeded(Model):
@@ -75,6 +78,7 @@ class SeedSucceeded(Model):
     from_backup: BackupId
     steps: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")], EpochSeconds]
     ms: EpochSeconds
+    resumed: bool = False  # restored from the slot's own checkpoint, not from the snapshot
 
 
 # Why a seed failed: its archives are not recorded (or gone), the restore failed, or the
@@ -105,6 +109,17 @@ class Checkpoint(Model):
     incarnation: Incarnation
 
 
+Token = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,63}$")]
+
+
+class Loss(Model):
+    """Why a slot's work is gone: its task stopped with no verified checkpoint of it."""
+
+    reason: Token  # the stop's cause as a token (`spot-interruption`, `task-crashed`, ...)
+    detail: Detail  # what the runtime said, or why the checkpoint on the stop failed
+    at: EpochSeconds
+
+
 class SlotRecord(Model):
     slot: SlotId
     rev: Annotated[int, Field(ge=1)]
@@ -118,11 +133,12 @@ class SlotRecord(Model):
     window: Window
     checkpoint: Checkpoint | None = None
     result: SeedResult | None = None
-    retained_reason: Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,63}$")] | None = None
+    retained_reason: Token | None = None
     # Set by the slot task before it stops the sandbox, cleared after it resumes it: while
     # set, the sandbox may be frozen (a poll says so).
     frozen_at: EpochSeconds | None = None
     checkpoint_failures: Annotated[int, Field(ge=1, le=1000)] | None = None  # in a row
+    loss: Loss | None = None
     created_at: EpochSeconds
     updated_at: EpochSeconds
     expires_at: EpochSeconds | None = None
@@ -130,6 +146,12 @@ class SlotRecord(Model):
     @property
     def binding(self) -> Binding:
         return Binding(owner=self.owner, seed=self.seed, origin=self.origin)
+
+    @property
+    def resuming(self) -> bool:
+        """A seed attempt that restores the slot's own checkpoint (a parked slot's owner
+        came back), not the snapshot: only a resume leaves a checkpoint on a seeding record."""
+        return self.state is State.SEEDING and self.checkpoint is not None
 
     @model_validator(mode="after")
     def _states_carry_their_facts(self) -> SlotRecord:
@@ -146,11 +168,13 @@ class SlotRecord(Model):
         if (self.state is State.SEED_FAILED) != isinstance(self.result, SeedFailed):
             raise ValueError("only a seed_failed record carries a failed result")
         if (self.state in ENDED_STATES) != (self.expires_at is not None):
-            raise ValueError("exactly the retired and parked records carry expires_at")
+            raise ValueError("exactly the retired, parked and lost records carry expires_at")
         if self.state is State.PARKED and self.checkpoint is None:
             raise ValueError("a parked record names no checkpoint")
         if self.frozen_at is not None and self.state in ENDED_STATES:
             raise ValueError(f"a {self.state} record has no task to be frozen")
+        if (self.state is State.LOST) != (self.loss is not None):
+            raise ValueError("exactly the lost records say what was lost")
         return self
 
 

@@ -24,12 +24,13 @@ from pydantic import BaseModel
 
 from seedkeeper.domain import opwindow
 from seedkeeper.domain.checkpoints import counts_for, retry_after
-from seedkeeper.domain.models import Binding, Incarnation
+from seedkeeper.domain.models import Binding, Incarnation, OwnerClaim
 from seedkeeper.domain.opwindow import Actor, Operation, OpKind, OpRef, Window
 from seedkeeper.domain.record import (
     ENDED_STATES,
     LIVE_STATES,
     Checkpoint,
+    Loss,
     SeedFailed,
     SeedSucceeded,
     SlotRecord,
@@ -46,6 +47,9 @@ LAUNCHED = "launched"
 class Change:
     record: SlotRecord
     entry: Operation | None = None  # the operation this change reserved or settled
+    # Checkpoint objects this change makes owed deletions (a resume's superseded one): the
+    # store writes each as a ledger debt in the same transaction as the record.
+    owes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,15 @@ class Poll:
 
 
 @dataclass(frozen=True)
+class KeepAlive:
+    """A touch by the slot's owner without a seed body (None: a cold slot's)."""
+
+    owner: OwnerClaim | None
+    now: int
+    idle_deadline: int
+
+
+@dataclass(frozen=True)
 class Launched:
     incarnation: Incarnation
     launch: OpRef
@@ -219,6 +232,25 @@ class CheckpointFailed:
 class Parked:
     stop: OpRef
     now: int
+    expires_at: int
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """The slot task of `attempt` in `incarnation` is being stopped by someone else (the
+    platform): it checkpoints before it goes, or its work is recorded lost."""
+
+    attempt: int
+    incarnation: Incarnation
+    now: int
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The task `incarnation` stopped (or is stopping) with no verified checkpoint."""
+
+    incarnation: Incarnation
+    loss: Loss
     expires_at: int
 
 
@@ -304,6 +336,55 @@ THAW = Transition[Poll](
 )
 
 
+KEEPALIVE = Transition[KeepAlive](
+    "keepalive",
+    # A poll without a seed body: the owner's claim is the identity it checks.
+    checks=(
+        Equals("owner", lambda p: p.owner, "claim-mismatch"),
+        InState(LIVE_STATES, reason="slot-closed"),
+    ),
+    effect=lambda record, p: Change(_next(record, p.now, idle_deadline=p.idle_deadline)),
+)
+
+
+def _resume(record: SlotRecord, poll: Poll) -> Decision:
+    """A new attempt that restores the parked checkpoint: the record leaves the ended
+    states (back on the sweep's index), its seed result and incarnation are the next
+    attempt's to write, and the checkpoint stays named until that attempt is seeded."""
+    if not counts_for(
+        record.checkpoint, owner=record.owner, incarnation=record.incarnation, now=poll.now
+    ):
+        return Refused("checkpoint-not-counted")
+    attempt = record.attempt + 1
+    window = opwindow.advance_generation(record.window, attempt)
+    reserved = opwindow.reserve(window, OpKind.RESTORE, Actor.SLOT_TASK, attempt)
+    if isinstance(reserved, opwindow.WindowFull):
+        return Refused("window-full")
+    changed = _next(
+        record,
+        poll.now,
+        state=State.SEEDING,
+        attempt=attempt,
+        incarnation=None,
+        result=None,
+        window=reserved.window,
+        idle_deadline=poll.idle_deadline,
+        expires_at=None,
+        retained_reason=None,
+        checkpoint_failures=None,
+    )
+    return Change(changed, reserved.entry)
+
+
+RESUME = Transition[Poll](
+    "resume",
+    # The owner's seed on a parked slot: the same binding, a checkpoint that still counts.
+    checks=(*_OWN_BINDING, InState(frozenset({State.PARKED}), reason="slot-closed")),
+    effect=_resume,
+    to=frozenset({State.SEEDING}),
+)
+
+
 def _hand_off(record: SlotRecord, launched: Launched) -> Decision:
     """A cold launch is settled by its task running; a restore continues detached."""
     entry = record.window.entry(launched.launch.ordinal)
@@ -346,10 +427,20 @@ def _settle_seed(record: SlotRecord, verdict: Verdict) -> Decision:
         return Refused(settled.reason)
     if isinstance(settled, opwindow.AlreadySettled):
         return Refused("restore-settled")
-    seeded = isinstance(verdict.result, SeedSucceeded)
+    result = verdict.result
+    seeded = isinstance(result, SeedSucceeded)
+    if isinstance(result, SeedSucceeded) and record.resuming != result.resumed:
+        return Refused("resume-mismatch")  # a snapshot's verdict on a resume, or the reverse
     state = State.SEEDED if seeded else State.SEED_FAILED
-    changed = _next(record, verdict.now, state=state, result=verdict.result, window=settled.window)
-    return Change(changed, settled.entry)
+    # Resumed: the checkpoint it came from is superseded, no longer named, and owed. A
+    # failed resume keeps naming it: the work is still there.
+    superseded = record.checkpoint if seeded and record.resuming else None
+    changes = {"checkpoint": None} if superseded is not None else {}
+    changed = _next(
+        record, verdict.now, state=state, result=result, window=settled.window, **changes
+    )
+    owes = (superseded.key,) if superseded is not None else ()
+    return Change(changed, settled.entry, owes=owes)
 
 
 SETTLE_SEED = Transition[Verdict](
@@ -648,6 +739,127 @@ PARK = Transition[Parked](
 )
 
 
+def _checkpoint_on_stop(record: SlotRecord, stopping: Stopping) -> Decision:
+    return _move_reserving(
+        record, stopping.now, State.CHECKPOINTING, OpKind.CHECKPOINT, Actor.SLOT_TASK
+    )
+
+
+def _checkpoint_asked(record: SlotRecord, stopping: Stopping) -> Acknowledged | None:
+    """Already asked (by the sweep, or by this task's earlier try): that op is the one."""
+    if record.state is not State.CHECKPOINTING or record.attempt != stopping.attempt:
+        return None
+    entry = next(
+        (
+            e
+            for e in record.window.entries
+            if e.kind is OpKind.CHECKPOINT and e.generation == record.attempt and not e.settled
+        ),
+        None,
+    )
+    return Acknowledged(record, entry) if entry is not None else None
+
+
+CHECKPOINT_ON_STOP = Transition[Stopping](
+    "checkpoint_on_stop",
+    # The slot task's own request when the platform stops it: idle or not, its work is
+    # checkpointed before the task goes (DESIGN §10, step 7).
+    checks=(
+        Equals("attempt", lambda p: p.attempt, "attempt-superseded"),
+        Equals("incarnation", lambda p: p.incarnation, "incarnation-mismatch"),
+        InState(frozenset({State.SEEDED})),
+    ),
+    effect=_checkpoint_on_stop,
+    to=frozenset({State.CHECKPOINTING}),
+    already=_checkpoint_asked,
+)
+
+
+def _work_kept(record: SlotRecord, now: int) -> Refused | None:
+    """The checkpoint holds all the work: it counts for this owner and incarnation, and it
+    was captured while the sandbox was frozen, and the sandbox was not resumed since."""
+    checkpoint = record.checkpoint
+    if checkpoint is None or not counts_for(
+        checkpoint, owner=record.owner, incarnation=record.incarnation, now=now
+    ):
+        return Refused("checkpoint-not-counted")
+    if record.frozen_at is None or checkpoint.created_at < record.frozen_at:
+        return Refused("not-frozen-since-capture")
+    return None
+
+
+def _park_on_stop(record: SlotRecord, stopping: Stopping) -> Decision:
+    refused = _work_kept(record, stopping.now)
+    if refused is not None:
+        return refused
+    assert record.checkpoint is not None
+    changed = _next(
+        record,
+        stopping.now,
+        state=State.PARKED,
+        frozen_at=None,
+        expires_at=record.checkpoint.expires_at,
+    )
+    return Change(changed)
+
+
+PARK_ON_STOP = Transition[Stopping](
+    "park_on_stop",
+    # The stopping task's last write, after its checkpoint is recorded: the sandbox stays
+    # frozen until the platform ends it, so nothing changed after the capture. A poll that
+    # came back meanwhile (`seeded`) does not change that: the task never resumes it now.
+    checks=(
+        Equals("attempt", lambda p: p.attempt, "attempt-superseded"),
+        Equals("incarnation", lambda p: p.incarnation, "incarnation-mismatch"),
+        InState(frozenset({State.CHECKPOINTED, State.SEEDED})),
+        Equals("open_ops", lambda p: 0, "unsettled-operations"),
+    ),
+    effect=_park_on_stop,
+    to=frozenset({State.PARKED}),
+    already=lambda record, p: Acknowledged(record) if record.state is State.PARKED else None,
+)
+
+
+def _lose(record: SlotRecord, lost: Lost) -> Decision:
+    """The work is gone with the task: recorded, with why, kept as long as a park would
+    have been. The stopped task's open checkpoint can no longer settle: it is settled
+    `lost` here. A checkpointed slot whose checkpoint counts is parked, never lost."""
+    if record.state is State.CHECKPOINTED and _work_kept(record, lost.loss.at) is None:
+        return Refused("checkpoint-counts")
+    window = record.window
+    for entry in window.entries:
+        if entry.kind is OpKind.CHECKPOINT and entry.actor is Actor.SLOT_TASK and not entry.settled:
+            settled = opwindow.settle(window, entry.ref, "lost")
+            assert isinstance(settled, opwindow.Changed)
+            window = settled.window
+    if window.unsettled:
+        return Refused("unsettled-operations")
+    changed = _next(
+        record,
+        lost.loss.at,
+        state=State.LOST,
+        window=window,
+        loss=lost.loss,
+        frozen_at=None,
+        expires_at=lost.expires_at,
+    )
+    return Change(changed)
+
+
+LOSE = Transition[Lost](
+    "lose",
+    # Written by the sweep for a stopped task it found, or by the stopping task itself
+    # when its checkpoint could not be made in time.
+    checks=(
+        Equals("incarnation", lambda p: p.incarnation, "incarnation-mismatch"),
+        InState(frozenset({State.SEEDED, State.CHECKPOINTING, State.CHECKPOINTED})),
+    ),
+    effect=_lose,
+    to=frozenset({State.LOST}),
+    already=lambda record, p: Acknowledged(record) if record.state is State.LOST else None,
+)
+
+
 NOTE_RETAINED = Transition[Retained](
     "note_retained",
     # Why the sweep keeps this slot: written once, not again while the reason holds.
@@ -700,6 +912,8 @@ SETTLE = Transition[Settlement]("settle", checks=(InState(ALL_STATES),), effect=
 
 TRANSITIONS: tuple[Transition[Any], ...] = (
     TOUCH,
+    KEEPALIVE,
+    RESUME,
     RECORD_INCARNATION,
     SETTLE_SEED,
     BEGIN_ATTEMPT,
@@ -713,6 +927,9 @@ TRANSITIONS: tuple[Transition[Any], ...] = (
     CHECKPOINT_FAILED,
     FENCE_PARK,
     PARK,
+    CHECKPOINT_ON_STOP,
+    PARK_ON_STOP,
+    LOSE,
     NOTE_RETAINED,
     RESERVE,
     SETTLE,

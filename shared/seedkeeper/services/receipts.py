@@ -34,9 +34,10 @@ class EvidenceRequest(Model):
     claim: OwnerClaim
 
 
-_DISPOSITIONS: dict[State, Literal["retired", "parked"]] = {
+_DISPOSITIONS: dict[State, Literal["retired", "parked", "lost"]] = {
     State.RETIRED: "retired",
     State.PARKED: "parked",
+    State.LOST: "lost",
 }
 # The one refusal for an absent slot and for any mismatch: no existence oracle.
 NO_MATCH = "no-match"
@@ -63,7 +64,8 @@ class Witness:
         if not exact:
             return Refused(NO_MATCH)
         state, why = self._checkpoint_state(record)
-        checkpoint = record.checkpoint if state != "unknown" else None
+        # A lost record's checkpoint (if any) is not its work: no facts are shown for it.
+        checkpoint = record.checkpoint if state != "unknown" and record.loss is None else None
         parked = record.state is State.PARKED
         return Receipt(
             slot=request.slot,
@@ -92,6 +94,8 @@ class Witness:
         )
 
     def _checkpoint_state(self, record: SlotRecord) -> tuple[CheckpointState, str | None]:
+        if record.loss is not None:  # the task stopped with no verified checkpoint of its work
+            return "lost", record.loss.reason
         checkpoint = record.checkpoint
         now = self._clock()
         if not counts_for(checkpoint, owner=record.owner, incarnation=record.incarnation, now=now):

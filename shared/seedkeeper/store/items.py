@@ -6,6 +6,11 @@ from typing import Any
 
 from boto3.dynamodb.conditions import ConditionBase, ConditionExpressionBuilder
 
+# Ledger entries (a resource's owed deletions, a slot's superseded checkpoints) sit in the
+# sweep's sparse index under their own partition, keyed by when they became owed, so the
+# sweep finds every debt without scanning.
+DEBT_PARTITION = "debt"
+
 
 def transaction_condition(condition: ConditionBase) -> dict[str, Any]:
     """Transactions take each item's condition as its own expression: boto3 only builds

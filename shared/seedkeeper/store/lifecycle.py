@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
-from boto3.dynamodb.conditions import Attr, ConditionBase
+from boto3.dynamodb.conditions import Attr, ConditionBase, Key
 from boto3.dynamodb.types import TypeDeserializer
 from botocore.exceptions import ClientError
 
@@ -38,6 +38,7 @@ from seedkeeper.domain.record import (
 from seedkeeper.domain.refused import Refused
 from seedkeeper.domain.transitions import (
     ALL_STATES,
+    KEEPALIVE,
     TOUCH,
     Acknowledged,
     Below,
@@ -45,19 +46,26 @@ from seedkeeper.domain.transitions import (
     Check,
     Equals,
     InState,
+    KeepAlive,
     Poll,
     Transition,
     born,
     stored,
 )
 from seedkeeper.errors import translate_client_error
-from seedkeeper.store.items import transaction_condition
+from seedkeeper.store.items import DEBT_PARTITION, transaction_condition
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
 
 _deserialize = TypeDeserializer().deserialize
 P = TypeVar("P")
+# A slot's owed checkpoint deletions sit beside its record, in the sweep's debt partition.
+DEBT_PREFIX = "DEBT#"
+
+
+def debt_key(slot: str, key: str) -> dict[str, str]:
+    return {"PK": slot_key(slot)["PK"], "SK": DEBT_PREFIX + key}
 
 
 @dataclass(frozen=True)
@@ -160,6 +168,18 @@ class Lifecycle:
         owns. The identity (owner, seed, origin) and the state are pinned exactly, so a
         touch never writes another caller's record, malformed or not.
         """
+        condition = _checks(TOUCH, poll) & _touchable(seeded=poll.binding.seed is not None)
+        return self._touch(slot, condition, now=poll.now, idle_deadline=poll.idle_deadline)
+
+    def keepalive(self, slot: str, keep: KeepAlive) -> Written | Conflict:
+        """`KEEPALIVE` without a read, as `touch` (the owner's claim is the identity)."""
+        touchable = _touchable(seeded=True) | _touchable(seeded=False)
+        condition = _checks(KEEPALIVE, keep) & touchable
+        return self._touch(slot, condition, now=keep.now, idle_deadline=keep.idle_deadline)
+
+    def _touch(
+        self, slot: str, condition: ConditionBase, *, now: int, idle_deadline: int
+    ) -> Written | Conflict:
         try:
             response = self._table.update_item(
                 Key=slot_key(slot),
@@ -169,13 +189,8 @@ class Lifecycle:
                     "#updated": "updated_at",
                     "#rev": "rev",
                 },
-                ExpressionAttributeValues={
-                    ":deadline": poll.idle_deadline,
-                    ":now": poll.now,
-                    ":one": 1,
-                },
-                ConditionExpression=_checks(TOUCH, poll)
-                & _touchable(seeded=poll.binding.seed is not None),
+                ExpressionAttributeValues={":deadline": idle_deadline, ":now": now, ":one": 1},
+                ConditionExpression=condition,
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
@@ -193,6 +208,9 @@ class Lifecycle:
         if not isinstance(decision, Change):
             return decision
         unchanged_since_read = Attr("rev").eq(record.rev) & Attr("schema").eq(SCHEMA)
+        condition = unchanged_since_read & _checks(transition, params)
+        if decision.owes:
+            return self._write_owing(record, decision, condition)
         expression, names, values = _update_expression(encode(record), encode(decision.record))
         try:
             self._table.update_item(
@@ -200,12 +218,82 @@ class Lifecycle:
                 UpdateExpression=expression,
                 ExpressionAttributeNames=names,
                 ExpressionAttributeValues=values,
-                ConditionExpression=unchanged_since_read & _checks(transition, params),
+                ConditionExpression=condition,
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as error:
             return self._conflict(record.slot, error)
         return Written(decision.record, decision.entry)
+
+    def _write_owing(
+        self, record: SlotRecord, decision: Change, condition: ConditionBase
+    ) -> Written | Conflict:
+        """The record's update and a ledger debt for each object it owes, in one
+        transaction: an object stops being named only where its deletion is owed."""
+        slot = record.slot
+        expression, names, values = _update_expression(encode(record), encode(decision.record))
+        built = transaction_condition(condition)
+        update = {
+            "TableName": self._table.name,
+            "Key": slot_key(slot),
+            "UpdateExpression": expression,
+            "ConditionExpression": built["ConditionExpression"],
+            "ExpressionAttributeNames": names | built["ExpressionAttributeNames"],
+            "ExpressionAttributeValues": values | built.get("ExpressionAttributeValues", {}),
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        now = decision.record.updated_at
+        debts = [
+            {
+                "Put": {
+                    "TableName": self._table.name,
+                    "Item": {
+                        **debt_key(slot, key),
+                        "schema": SCHEMA,
+                        "key": key,
+                        "sweep": DEBT_PARTITION,
+                        "idle_deadline": now,
+                    },
+                    # Owed once: a new debt, or this very one again.
+                    **transaction_condition(Attr("PK").not_exists() | Attr("key").eq(key)),
+                }
+            }
+            for key in decision.owes
+        ]
+        try:
+            self._table.meta.client.transact_write_items(
+                TransactItems=[{"Update": update}, *debts]  # type: ignore[list-item,typeddict-item]
+            )
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                raise translate_client_error(error) from error
+            reasons = [*error.response.get("CancellationReasons", []), {}][0]
+            if reasons.get("Code") == "ConditionalCheckFailed":
+                return Conflict(classify(slot, _item(reasons.get("Item"))))
+            return Conflict(self.read(slot))  # a concurrent write: re-decide on what is there
+        return Written(decision.record, decision.entry)
+
+    def debts(self, slot: str) -> list[str]:
+        """The checkpoint objects `slot` owes deletions of (the sweep pays them)."""
+        try:
+            page = self._table.query(
+                KeyConditionExpression=Key("PK").eq(slot_key(slot)["PK"])
+                & Key("SK").begins_with(DEBT_PREFIX),
+                ConsistentRead=True,
+            )
+        except ClientError as error:
+            raise translate_client_error(error) from error
+        return sorted(str(item["key"]) for item in page["Items"] if "key" in item)
+
+    def clear_debt(self, slot: str, key: str) -> None:
+        """Forget a debt once its object is deleted (R2 answers a missing object alike)."""
+        try:
+            self._table.delete_item(
+                Key=debt_key(slot, key), ConditionExpression=Attr("key").eq(key)
+            )
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise translate_client_error(error) from error
 
     def apply(
         self,
@@ -339,6 +427,7 @@ def _succeeded() -> ConditionBase:
         & _text("result.from_backup", 1, _MAX_BACKUP_ID)
         & Attr("result.steps").attribute_type("M")
         & _number("result.ms", 0)
+        & _optional("result.resumed", Attr("result.resumed").attribute_type("BOOL"))
     )
 
 

@@ -27,7 +27,7 @@ from seedkeeper.domain.snapshots import (
     Teardown,
 )
 from seedkeeper.errors import MalformedRecord, translate_client_error
-from seedkeeper.store.items import transaction_condition
+from seedkeeper.store.items import DEBT_PARTITION, transaction_condition
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -43,9 +43,6 @@ OWNS_PREFIX = "OWNS#"
 # It carries no `sweep`/`idle_deadline`: it stays out of the sparse index.
 BACKUP_PREFIX = "BACKUP#"
 OWNER_SK = "OWNER"
-# Ledger entries sit in the sweep's sparse index under their own partition, keyed by when
-# they became owed, so the sweep finds every debt without scanning.
-DEBT_PARTITION = "debt"
 # Index attributes of the current item: what a seed may name (see `_seedable`).
 SEEDABLE = "seedable"
 SEEDABLE_DEPS = "seedable_deps"

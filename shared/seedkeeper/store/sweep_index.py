@@ -12,7 +12,8 @@ from botocore.exceptions import ClientError
 
 from seedkeeper.domain.record import SLOT_PREFIX, SWEEP_PARTITION, Classified, classify
 from seedkeeper.errors import translate_client_error
-from seedkeeper.store.snapshots import DEBT_PARTITION, RESIDENT_PREFIX
+from seedkeeper.store.items import DEBT_PARTITION
+from seedkeeper.store.snapshots import RESIDENT_PREFIX
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
