@@ -11,11 +11,14 @@ from pathlib import Path
 import boto3
 import pytest
 
-from builders import IDLE, NOW, ORIGIN, owner, seed
+from builders import EXPIRED, IDLE, NOW, ORIGIN, owner, seed, stored_in, success, written
 from conftest import Stack
 from repos import git, make_repository
+from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding
+from seedkeeper.domain.record import Loss, State, slot_key
 from seedkeeper.store.lifecycle import Lifecycle, Written
+from seedkeeper.store.sweep_index import SweepIndex
 
 SEEDKEEPER = str(Path(sys.executable).with_name("seedkeeper"))
 
@@ -113,3 +116,96 @@ def test_r2_lifecycle_keeps_checkpoints_as_long_as_the_park_retention(stack: Sta
     checked = seedkeeper("r2-lifecycle", "--check", env=longer)
     assert checked.returncode == 1
     assert "seedkeeper-checkpoints-expire: expiration days is 11, expected 31" in checked.stdout
+
+
+def row(output: str, slot: str) -> str:
+    """The one table line naming `slot`."""
+    [line] = [line for line in output.splitlines() if f" {slot} " in line]
+    return line
+
+
+def test_status_lists_every_slot_record_by_state_and_reason_and_nothing_else(
+    store_env: dict[str, str],
+) -> None:
+    assert seedkeeper("table-create", env=store_env).returncode == 0
+    table = boto3.resource(
+        "dynamodb", endpoint_url=store_env["SEEDKEEPER_DYNAMODB_ENDPOINT"]
+    ).Table(store_env["SEEDKEEPER_TABLE"])
+    lifecycle = Lifecycle(table)
+
+    kept = stored_in(lifecycle, "slot-kept", State.SEEDED)
+    retained = transitions.Retained("task-unknown", now=EXPIRED)
+    written(lifecycle.write(transitions.NOTE_RETAINED, kept, retained))
+    parked = stored_in(lifecycle, "slot-parked", State.PARKED)
+    assert parked.checkpoint is not None
+    crashed = stored_in(lifecycle, "slot-lost", State.SEEDED)
+    assert crashed.incarnation is not None
+    loss = Loss(reason="task-crashed", detail="exit code 137 [bold]OOM", at=EXPIRED)
+    lost = transitions.Lost(crashed.incarnation, loss, expires_at=EXPIRED + 86_400)
+    assert written(lifecycle.write(transitions.LOSE, crashed, lost)).state is State.LOST
+    # A resumed slot: its old checkpoint becomes a debt item beside its record.
+    resumed = stored_in(lifecycle, "slot-resumed", State.PARKED)
+    superseded = resumed.checkpoint
+    assert superseded is not None
+    back = transitions.Poll(
+        Binding(owner=owner(), seed=seed(), origin=ORIGIN), EXPIRED, EXPIRED + IDLE
+    )
+    outcome = lifecycle.write(transitions.RESUME, resumed, back)
+    assert isinstance(outcome, Written)
+    assert outcome.entry is not None
+    restore = outcome.entry.ref
+    launched = transitions.Launched("local:slot-resumed:2", restore, EXPIRED)
+    resumed = written(lifecycle.write(transitions.RECORD_INCARNATION, outcome.record, launched))
+    verdict = transitions.Verdict(2, restore, success(resumed=True), EXPIRED)
+    written(lifecycle.write(transitions.SETTLE_SEED, resumed, verdict))
+    assert lifecycle.debts("slot-resumed") == [superseded.key]
+    # Records this code cannot read, the sweep's cursor, and bulk that takes the Scan past
+    # its 1 MB page: the whole table is read, in two pages.
+    table.put_item(Item={**slot_key("slot-future"), "schema": 2, "state": "hibernating"})
+    table.put_item(Item={**slot_key("slot-broken"), "schema": 1, "state": "sleeping"})
+    SweepIndex(table).keep_cursor({"PK": "SLOT#slot-kept", "SK": "LIFECYCLE"})
+    for pad in range(3):
+        table.put_item(Item={"PK": f"PAD#{pad}", "SK": "PAD", "pad": "x" * 350_000})
+
+    shown = seedkeeper("status", env=store_env)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    out = shown.stdout
+    assert "task-unknown" in row(out, "slot-kept")
+    assert "seeded" in row(out, "slot-kept")
+    assert "parked" in row(out, "slot-parked")
+    assert "1.0 kB" in row(out, "slot-parked")  # the checkpoint's size
+    assert "task-crashed" in row(out, "slot-lost")
+    assert "exit code 137 [bold]OOM" in row(out, "slot-lost")  # the store's text, not markup
+    assert "seeded" in row(out, "slot-resumed")
+    assert "unsupported" in row(out, "slot-future")
+    assert "schema 2" in row(out, "slot-future")
+    assert "malformed" in row(out, "slot-broken")
+    assert superseded.key not in out  # the debt is not a slot
+    assert "DEBT#" not in out
+    assert "SWEEP" not in out
+    assert "CURSOR" not in out
+    assert "PAD" not in out
+    assert "seeded 2, parked 1, lost 1, unsupported 1, malformed 1: 6 slots" in out
+    assert "2 Scan pages" in out
+
+    only = seedkeeper("status", "--state", "lost", env=store_env)
+    assert only.returncode == 0, only.stdout + only.stderr
+    assert "task-crashed" in row(only.stdout, "slot-lost")
+    for hidden in ("slot-kept", "slot-parked", "slot-resumed"):
+        assert hidden not in only.stdout
+    # What cannot be read cannot be filtered by its state: it is always shown.
+    assert "unsupported" in row(only.stdout, "slot-future")
+    assert "malformed" in row(only.stdout, "slot-broken")
+    assert "lost 1, unsupported 1, malformed 1: 3 slots" in only.stdout
+
+    several = seedkeeper("status", "--state", "parked,lost", "--state", "seeded", env=store_env)
+    assert several.returncode == 0, several.stdout + several.stderr
+    assert "seeded 2, parked 1, lost 1, unsupported 1, malformed 1: 6 slots" in several.stdout
+
+
+def test_status_refuses_an_unknown_state_naming_the_option(store_env: dict[str, str]) -> None:
+    refused = seedkeeper("status", "--state", "parked,sleeping", env=store_env)
+    assert refused.returncode == 2
+    assert "--state" in refused.stderr
+    assert "sleeping" in refused.stderr
+    assert "parked, lost" in refused.stderr  # the states it takes are named

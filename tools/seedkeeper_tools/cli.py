@@ -11,6 +11,8 @@ import os
 import signal
 import sys
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from datetime import UTC, datetime
@@ -19,8 +21,10 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
+from rich.filesize import decimal
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TransferSpeedColumn
 from rich.table import Table
+from rich.text import Text
 
 from seedkeeper import __version__
 from seedkeeper.adapters import aws
@@ -33,12 +37,15 @@ from seedkeeper.domain.record import (
     Absent,
     Classified,
     Malformed,
+    SeedFailed,
     SlotRecord,
+    State,
     Supported,
     Unsupported,
 )
 from seedkeeper.domain.snapshots import Snapshot
 from seedkeeper.errors import SeedkeeperError
+from seedkeeper.store.listing import Listing, SlotListing
 from seedkeeper_tools.demo import run_demo
 from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.local.docker import DEFAULT_IMAGE
@@ -82,6 +89,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     slot.add_argument("slot", type=_valid(SlotId), help="the slot id")
     slot.set_defaults(run=_show_slot)
+
+    status = commands.add_parser(
+        "status",
+        parents=[store],
+        help="every slot's record by state, with why it is retained or lost (Scans the"
+        " whole table)",
+    )
+    status.add_argument(
+        "--state",
+        action="append",
+        type=_states,
+        default=[],
+        metavar="STATE[,STATE...]",
+        help=f"only these states, repeatable ({', '.join(State)}); records this code"
+        " cannot read are always shown",
+    )
+    status.set_defaults(run=_show_status)
 
     table = commands.add_parser(
         "table-create", parents=[store], help="create the table as template.yaml declares it"
@@ -213,6 +237,16 @@ def _valid(annotation: Any) -> Callable[[str], str]:
     return parse
 
 
+def _states(value: str) -> list[State]:
+    names = [name.strip() for name in value.split(",")]
+    unknown = [name for name in names if name not in {state.value for state in State}]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown state {', '.join(map(repr, unknown))} (states: {', '.join(State)})"
+        )
+    return [State(name) for name in names]
+
+
 def _store(args: argparse.Namespace) -> StoreSettings:
     overrides = {"table": args.table, "dynamodb_endpoint": args.endpoint_url}
     return StoreSettings(**{name: value for name, value in overrides.items() if value})
@@ -227,6 +261,16 @@ def _show_slot(args: argparse.Namespace) -> int:
     classified = _store(args).lifecycle().read(args.slot)
     console.print(_describe(classified))
     return 0 if isinstance(classified, Supported) else 1
+
+
+def _show_status(args: argparse.Namespace) -> int:
+    states = {state for chosen in args.state for state in chosen}
+    table = _store(args).table_resource(budget=aws.TOOLS)
+    listing = SlotListing(table).scan(states)
+    if listing.slots:
+        console.print(_slot_table(listing, now=int(time.time())))
+    console.print(_status_summary(listing), markup=False)
+    return 0
 
 
 def _create_table(args: argparse.Namespace) -> int:
@@ -345,6 +389,101 @@ def _slot_facts(record: SlotRecord) -> dict[str, str]:
         "retained": record.retained_reason or "-",
         "updated": _when(record.updated_at),
     }
+
+
+# Records this code cannot read: listed (in red) after every state, never left out.
+_UNREADABLE = ("unsupported", "malformed")
+_LISTED_ORDER = [*State, *_UNREADABLE]
+_SLOT_COLUMNS = (
+    "slot",
+    "state",
+    "reason",
+    "attempt",
+    "incarnation",
+    "idle deadline",
+    "checkpoint",
+    "expires",
+    "detail",
+)
+
+
+def _listed_state(classified: Classified) -> str:
+    if isinstance(classified, Supported):
+        return classified.state.value
+    return "unsupported" if isinstance(classified, Unsupported) else "malformed"
+
+
+def _slot_table(listing: Listing, *, now: int) -> Table:
+    table = Table(title="slots")
+    for column in _SLOT_COLUMNS:
+        table.add_column(column)
+    rows = [_slot_row(classified, now) for classified in listing.slots]
+    # Grouped by state, then by reason; store values go in as Text, never read as markup.
+    for row in sorted(rows, key=lambda row: (_LISTED_ORDER.index(row[1]), row[2], row[0])):
+        table.add_row(*map(Text, row), style="red" if row[1] in _UNREADABLE else None)
+    return table
+
+
+def _slot_row(classified: Classified, now: int) -> list[str]:
+    """The cells of `_SLOT_COLUMNS`."""
+    state = _listed_state(classified)
+    if isinstance(classified, Unsupported):
+        detail = f"schema {classified.schema}: a newer deployment's; retained, never rewritten"
+        return [classified.slot, state, "-", "-", "-", "-", "-", "-", detail]
+    if isinstance(classified, Malformed):
+        return [classified.slot, state, "-", "-", "-", "-", "-", "-", classified.error]
+    assert isinstance(classified, Supported)  # a Scan returns no absent item
+    record = classified.record
+    checkpoint, loss, expires = record.checkpoint, record.loss, record.expires_at
+    return [
+        record.slot,
+        state,
+        loss.reason if loss is not None else record.retained_reason or "-",
+        str(record.attempt),
+        record.incarnation or "-",
+        # An ended record (it expires) has no task: its idle deadline means nothing now.
+        "-" if expires is not None else _relative(record.idle_deadline, now),
+        f"{decimal(checkpoint.size)}, expires {_relative(checkpoint.expires_at, now)}"
+        if checkpoint is not None
+        else "-",
+        _relative(expires, now) if expires is not None else "-",
+        _detail(record),
+    ]
+
+
+def _detail(record: SlotRecord) -> str:
+    """What was lost, or why the seed failed."""
+    if record.loss is not None:
+        return record.loss.detail
+    if isinstance(record.result, SeedFailed):
+        failed = record.result
+        return f"{failed.reason} at {failed.step}: {failed.detail}"
+    return "-"
+
+
+def _status_summary(listing: Listing) -> str:
+    counts = Counter(_listed_state(classified) for classified in listing.slots)
+    per_state = ", ".join(f"{state} {counts[state]}" for state in _LISTED_ORDER if counts[state])
+    total, pages = len(listing.slots), listing.pages
+    return (
+        f"{per_state or 'no slots'}: {total} slot{'s' if total != 1 else ''}"
+        f" (read the whole table: {pages} Scan page{'s' if pages != 1 else ''},"
+        f" {listing.scanned} items)"
+    )
+
+
+def _relative(epoch_seconds: int, now: int) -> str:
+    """`in 2d 3h` or `5m 10s ago`: the largest unit and the next."""
+    left = abs(epoch_seconds - now)
+    amounts = [
+        (left // 86_400, "d"),
+        (left % 86_400 // 3_600, "h"),
+        (left % 3_600 // 60, "m"),
+        (left % 60, "s"),
+    ]
+    largest = next((i for i, (amount, _) in enumerate(amounts) if amount), len(amounts) - 1)
+    spelled = " ".join(f"{amount}{unit}" for amount, unit in amounts[largest : largest + 2])
+    return f"in {spelled}" if epoch_seconds >= now else f"{spelled} ago"
 
 
 def _status(status: SnapshotStatus) -> Table:
