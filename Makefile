@@ -86,9 +86,10 @@ pr: lint test ## Everything a change must pass before it lands
 # The working-day soak runs SOAK_MINUTES (10: about 13 minutes in all; 1 for a quick look).
 SOAK_MINUTES ?= 10
 
-bench: setup bench-packages ## Benchmark the restore and the checkpoint (nginx on loopback), imports, sweep, API calls, a container seed, a working day on the local stack
+bench: setup bench-packages ## Benchmark the restore, the checkpoint and the resume (nginx on loopback), imports, sweep, API calls, a container seed, a working day on the local stack
 	$(BIN)/python benchmarks/restore.py --sizes "1 GB" "300 MB"
 	$(BIN)/python benchmarks/checkpoint.py --sizes 1000 300
+	$(BIN)/python benchmarks/resume.py --sizes "300 MB" --pairs 6 --rates 50m none
 	$(BIN)/python benchmarks/imports.py
 	$(BIN)/python benchmarks/sweep.py
 	$(BIN)/python benchmarks/calls.py

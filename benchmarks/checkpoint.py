@@ -307,6 +307,12 @@ class Disks:
             image.unlink(missing_ok=True)
 
 
+def capacity(case: restore.Input) -> int:
+    """A run's filesystem: room for the tree, its .git, an archive or capture beside it
+    and ext4's overhead; the image is sparse, so the room costs nothing unused."""
+    return 3 * case.raw_bytes + 2 * case.size + case.entries * 8192 + 512 * 1024**2
+
+
 def _run(argv: Sequence[str]) -> None:
     done = subprocess.run(argv, check=False, capture_output=True, text=True)
     if done.returncode != 0:
@@ -371,10 +377,8 @@ class Bench:
         folder = self.workdir / "checkpoint-runs" / name
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-        # Room for the tree, its .git, the capture and ext4's overhead; sparse, so free.
-        capacity = 3 * case.raw_bytes + 2 * case.size + case.entries * 8192 + 512 * 1024**2
         try:
-            with self.disks.fresh(folder, capacity) as root:
+            with self.disks.fresh(folder, capacity(case)) as root:
                 _run(["unsquashfs", "-q", "-n", "-d", str(root / "checkout"), str(case.archive)])
                 (root / "state").mkdir(mode=0o711)  # the supervisor's state folder
                 if case.label not in self.checkout_bytes:

@@ -52,8 +52,9 @@ from rich.table import Table
 
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding, OwnerClaim, SeedIdentity
+from seedkeeper.domain.opwindow import OpRef
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.domain.record import SeedSucceeded, State, Supported
+from seedkeeper.domain.record import SeedSucceeded, SlotRecord, State, Supported
 from seedkeeper.domain.snapshots import Archive, NewSnapshot
 from seedkeeper.services.rotation import Snapshots
 from seedkeeper.store.lifecycle import Lifecycle, Written
@@ -386,15 +387,25 @@ def _free_port() -> int:
 class Nginx:
     """nginx from the distribution, with its own minimal configuration, in the foreground.
     With `accepts_puts`, its dav module also stores PUT bodies under `root` (written to
-    `temp` as they arrive, renamed into place when complete: keep both on one filesystem)."""
+    `temp` as they arrive, renamed into place when complete: keep both on one filesystem).
+    With `limit_rate` (nginx's syntax, bytes per second: "50m"), each connection's
+    responses are paced to that rate; `home` names its folder (default: `nginx`)."""
 
     def __init__(
-        self, root: Path, workdir: Path, *, temp: Path | None = None, accepts_puts: bool = False
+        self,
+        root: Path,
+        workdir: Path,
+        *,
+        temp: Path | None = None,
+        accepts_puts: bool = False,
+        limit_rate: str | None = None,
+        home: str = "nginx",
     ) -> None:
         self.root = root
-        self.home = workdir / "nginx"
+        self.home = workdir / home
         self.temp = temp or self.home / "tmp"
         self.accepts_puts = accepts_puts
+        self.limit_rate = limit_rate
         self.port = _free_port()
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -416,11 +427,13 @@ class Nginx:
             f'    {kind}_temp_path "{self.temp}";'
             for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
         )
-        puts = (
+        directives = (
             "client_max_body_size 0; dav_methods PUT DELETE; create_full_put_path on;"
             if self.accepts_puts
             else ""
         )
+        if self.limit_rate is not None:
+            directives += f" limit_rate {self.limit_rate};"
         config = self.home / "nginx.conf"
         config.write_text(
             f"""daemon off;
@@ -437,7 +450,7 @@ http {{
     server {{
         listen 127.0.0.1:{self.port};
         root "{self.root}";
-        {puts}
+        {directives}
     }}
 }}
 """
@@ -556,6 +569,28 @@ class Bench:
     def ours(self, case: Input) -> OursRun:
         slot = f"bench-{next(self.slots)}"
         folder = self.run_dir(slot)
+        record, op = self.launched(case, slot)
+        workspace = folder / "workspace"
+        workspace.mkdir()
+        assert record.incarnation is not None  # recorded by `launched`
+        plan = self.plan(record, op, checkout=case)
+        timed = self.task(plan, record.incarnation, workspace, folder)
+        result = self.seeded(slot, case, timed, workspace, folder)
+        peak = peak_rss_kb(folder, slot)
+        shutil.rmtree(folder)
+        return OursRun(
+            restore_s=result.ms / 1000,
+            process_s=timed.seconds,
+            steps_ms=dict(result.steps),
+            peak_rss_kb=peak,
+            tree_max_rss_kb=timed.max_rss_kb,
+        )
+
+    def launched(
+        self, case: Input, slot: str, *, now: int | None = None
+    ) -> tuple[SlotRecord, OpRef]:
+        """A record born for `case`'s seed at `now` and its incarnation recorded, as the
+        local runtime leaves it before the task starts: (the record, its restore op)."""
         seed = SeedIdentity(
             resource=case.archive.stem,
             ref=REF,
@@ -570,7 +605,7 @@ class Bench:
             ref=REF,
             head=case.commit,
         )
-        now = int(time.time())
+        now = int(time.time()) if now is None else now
         born = self.lifecycle.birth(
             slot,
             Binding(owner=owner, seed=seed, origin=ORIGIN),
@@ -588,17 +623,33 @@ class Bench:
         )
         if not isinstance(recorded, Written):
             raise BenchError(f"{slot}: the incarnation was not recorded: {recorded}")
-        plan = SlotPlan(
-            slot=slot,
-            attempt=born.record.attempt,
-            op=born.entry.ref,
-            seed=seed,
-            owner=owner,
-            origin=ORIGIN,
-            checkout=SecretStr(self.nginx.url(case.archive)),
+        return recorded.record, born.entry.ref
+
+    def plan(
+        self,
+        record: SlotRecord,
+        op: OpRef,
+        *,
+        checkout: Input | None = None,
+        resume: str | None = None,
+    ) -> SlotPlan:
+        """The plan the seed function hands the task of `record`'s attempt: the snapshot's
+        archive of `checkout`, or the checkpoint object at the URL `resume`."""
+        return SlotPlan(
+            slot=record.slot,
+            attempt=record.attempt,
+            op=op,
+            seed=record.seed,
+            owner=record.owner,
+            origin=record.origin,
+            checkout=None if checkout is None else SecretStr(self.nginx.url(checkout.archive)),
+            resume=None if resume is None else SecretStr(resume),
         )
-        workspace = folder / "workspace"
-        workspace.mkdir()
+
+    def task(self, plan: SlotPlan, incarnation: str, workspace: Path, folder: Path) -> Timed:
+        """The real slot task of `plan` in `incarnation`, started as the local runtime starts
+        it and timed whole; its sandbox command writes the task's peak RSS (VmHWM) into
+        `folder` and exits. Its log: `folder`/task.log."""
         hwm = folder / "vmhwm"
         probe = f"grep VmHWM /proc/$PPID/status > {shlex.quote(str(hwm))}"
         environment = self.environment | {
@@ -611,7 +662,20 @@ class Bench:
         }
         _settle_disk()
         with (folder / "task.log").open("wb") as log:
-            timed = timed_run([sys.executable, "-m", "seedkeeper_task"], env=environment, log=log)
+            return timed_run([sys.executable, "-m", "seedkeeper_task"], env=environment, log=log)
+
+    def seeded(
+        self,
+        slot: str,
+        case: Input,
+        timed: Timed,
+        workspace: Path,
+        folder: Path,
+        *,
+        resumed: bool = False,
+    ) -> SeedSucceeded:
+        """The task's settled result, checked: exit 0, `seeded` with `case`'s commit (from
+        the checkpoint when `resumed`), and the checkout's HEAD on it."""
         classified = self.lifecycle.read(slot)
         record = classified.record if isinstance(classified, Supported) else None
         result = record.result if record is not None else None
@@ -621,23 +685,13 @@ class Bench:
             or record is None
             or record.state is not State.SEEDED
             or not isinstance(result, SeedSucceeded)
+            or result.resumed != resumed
             or result.head != case.commit
             or _head(checkout) != case.commit
         ):
             tail = (folder / "task.log").read_text(errors="replace")[-2000:]
             raise BenchError(f"{slot} did not seed (exit {timed.code}): {classified}\n{tail}")
-        try:
-            peak = int(hwm.read_text().split()[1])  # "VmHWM:   123456 kB"
-        except (OSError, IndexError, ValueError) as unreadable:
-            raise BenchError(f"{slot}: no VmHWM from the sandbox command") from unreadable
-        shutil.rmtree(folder)
-        return OursRun(
-            restore_s=result.ms / 1000,
-            process_s=timed.seconds,
-            steps_ms=dict(result.steps),
-            peak_rss_kb=peak,
-            tree_max_rss_kb=timed.max_rss_kb,
-        )
+        return result
 
     def baseline(self, case: Input) -> BaselineRun:
         folder = self.run_dir(f"baseline-{next(self.slots)}")
@@ -677,6 +731,14 @@ def _head(checkout: Path) -> str | None:
         text=True,
     )
     return done.stdout.strip() if done.returncode == 0 else None
+
+
+def peak_rss_kb(folder: Path, slot: str) -> int:
+    """The task's own peak RSS, as its sandbox command wrote it."""
+    try:
+        return int((folder / "vmhwm").read_text().split()[1])  # "VmHWM:   123456 kB"
+    except (OSError, IndexError, ValueError) as unreadable:
+        raise BenchError(f"{slot}: no VmHWM from the sandbox command") from unreadable
 
 
 # -- the report -----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 
 import boto3
 from boto3.dynamodb.conditions import Attr
@@ -14,10 +15,11 @@ from rich.console import Console
 from rich.table import Table
 
 from seedkeeper.domain import transitions
+from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.models import Binding
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import SWEEP_PARTITION, encode
-from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.domain.runtime import UNKNOWN, TaskState, TaskStatus
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper.store.sweep_index import SweepIndex
@@ -37,6 +39,9 @@ class UnknownTasks:
 
     def status(self, incarnation: str) -> TaskStatus:
         return TaskStatus.UNKNOWN
+
+    def statuses(self, incarnations: Iterable[str]) -> dict[str, TaskState]:
+        return dict.fromkeys(incarnations, UNKNOWN)
 
     def stop(self, incarnation: str) -> None:
         raise AssertionError("nothing is stopped here")
@@ -80,7 +85,9 @@ def main() -> None:
             lifecycle=Lifecycle(table),
             runtime=UnknownTasks,
             snapshots=None,
+            r2=None,
             settings=SweepSettings(max_items=100_000),
+            retention=RetentionSettings(),
             clock=lambda: SWEEP_AT,
         )
         started = time.monotonic()

@@ -4,9 +4,6 @@ running the real slot task, moto standing in for DynamoDB and R2."""
 from __future__ import annotations
 
 import http.server
-import json
-import os
-import signal
 import socket
 import struct
 import subprocess
@@ -105,9 +102,7 @@ class Slots:
     def kill(self, incarnation: str) -> None:
         """SIGKILL the task's process group, as a lost host would end it, and wait until
         the runtime sees it stopped."""
-        _, slot, attempt = incarnation.split(":")
-        launched = self.workspace(slot).parent / f"attempt-{attempt}.json"
-        os.killpg(json.loads(launched.read_text())["pid"], signal.SIGKILL)
+        self.runtime.crash(incarnation)
         wait_for(lambda: self.runtime.status(incarnation) is TaskStatus.STOPPED, incarnation)
 
 

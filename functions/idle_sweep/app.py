@@ -1,4 +1,5 @@
-"""The idle sweep, invoked on a schedule: stops only positively-unseeded idle slots."""
+"""The idle sweep, invoked on a schedule: retires cold idle slots, checkpoints and parks
+seeded ones, records the loss of those whose task stopped first, pays what is owed."""
 
 from __future__ import annotations
 

@@ -154,6 +154,8 @@ def sweeper(
     runtime: RuntimeSettings,
     sweep: SweepSettings,
     session: Session,
+    *,
+    retention: RetentionSettings,
 ) -> Sweeper:
     from seedkeeper.services.sweep import Sweeper
     from seedkeeper.store.sweep_index import SweepIndex
@@ -162,9 +164,11 @@ def sweeper(
     return Sweeper(
         index=SweepIndex(table),
         lifecycle=Lifecycle(table),
-        runtime=cache(partial(runtime_from, runtime)),  # built when a slot may be stopped
+        runtime=cache(partial(runtime_from, runtime)),  # built when a task is first asked about
         snapshots=_snapshots(store, r2, session),
+        r2=r2_if_configured(r2, session),
         settings=sweep,
+        retention=retention,
         clock=epoch_seconds,
     )
 
@@ -172,4 +176,11 @@ def sweeper(
 def sweeper_from_env() -> Sweeper:
     from seedkeeper.services.sweep import SweepSettings
 
-    return sweeper(StoreSettings(), R2Settings(), RuntimeSettings(), SweepSettings(), aws.session())
+    return sweeper(
+        StoreSettings(),
+        R2Settings(),
+        RuntimeSettings(),
+        SweepSettings(),
+        aws.session(),
+        retention=RetentionSettings(),
+    )

@@ -8,6 +8,12 @@ last; fix up git with argv lists; write the marker; settle the operation and the
 conditional on this attempt. Any failure removes the half tree (after the download
 workers are joined) and settles `seed_failed` with its reason and step.
 
+A resume (DESIGN §10, step 6) restores the slot's parked checkpoint instead, verified
+against the record's size and sha256, and checks out nothing: the checkout is the one that
+was frozen, its index, untracked and ignored files included. Its `.git` is hardened as a
+seed's is. Stopped by the platform, the task checkpoints and parks its slot, or records its
+work lost (`watch.Watcher.stopping`).
+
 Logs are JSON events; a presigned URL never appears in one.
 """
 
@@ -31,9 +37,18 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from seedkeeper.adapters import aws
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain import transitions
+from seedkeeper.domain.gitref import is_valid_branch_name
 from seedkeeper.domain.models import Model, Origin, OwnerClaim, SeedIdentity
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.domain.record import FailureReason, SeedFailed, SeedSucceeded, State, Supported
+from seedkeeper.domain.record import (
+    Checkpoint,
+    FailureReason,
+    SeedFailed,
+    SeedSucceeded,
+    SlotRecord,
+    State,
+    Supported,
+)
 from seedkeeper.domain.snapshots import Archive
 from seedkeeper.domain.transitions import Acknowledged
 from seedkeeper.observability import logger
@@ -146,7 +161,7 @@ class SlotTask:
         assert seed is not None
         started = time.monotonic()
         try:
-            self._preflight(seed)
+            record = self._preflight(seed)
         except Superseded as superseded:
             logger.warning("restore superseded", why=str(superseded))
             return "superseded"
@@ -157,7 +172,10 @@ class SlotTask:
             )
         created: list[Path] = []
         try:
-            head = self._seed(seed, created)
+            if record.checkpoint is not None:  # a resume: the preflight saw the plan agree
+                ref, head = self._resume(seed, record.checkpoint, created)
+            else:
+                ref, head = seed.ref, self._seed(seed, created)
         except StepFailed as failed:
             logger.warning("restore failed", step=failed.step, reason=failed.reason)
             for path in reversed(created):
@@ -170,23 +188,27 @@ class SlotTask:
         total = int((time.monotonic() - started) * 1000)
         return self._settle(
             SeedSucceeded(
-                ref=seed.ref,
+                ref=ref,
                 head=head,
                 from_backup=seed.checkout_backup_id,
                 steps=self.steps,
                 ms=total,
+                resumed=record.resuming,
             )
         )
 
-    def _preflight(self, seed: SeedIdentity) -> None:
+    def _preflight(self, seed: SeedIdentity) -> SlotRecord:
         """Refuse before anything is removed unless this attempt is the live one and the
-        workspace holds nothing bound to anyone; then sweep an earlier attempt's debris."""
+        workspace holds nothing bound to anyone; then sweep an earlier attempt's debris.
+        The record as read: a resume verifies its checkpoint against it."""
         classified = self.lifecycle.read(self.plan.slot)
         if not isinstance(classified, Supported):
             raise Superseded("no supported record")
         record = classified.record
         if record.attempt != self.plan.attempt or record.state is not State.SEEDING:
             raise Superseded("the record moved on")
+        if record.resuming != (self.plan.resume is not None):
+            raise StepFailed("sweep", "seed-failed", "the plan and the record disagree on a resume")
         marker = self._marker()
         if marker is not None and (marker.seed != seed or marker.owner is not None):
             raise StepFailed("sweep", "seed-failed", "the workspace holds a bound checkout")
@@ -197,23 +219,20 @@ class SlotTask:
             shutil.rmtree(self.checkout)  # an unbound tree: never handed to a run
         self._discard_downloads()
         (self.state_dir / MARKER).unlink(missing_ok=True)
+        return record
 
     def _seed(self, seed: SeedIdentity, created: list[Path]) -> str:
         plan = self.plan
         assert plan.checkout is not None
-        downloads = self.state_dir / "downloads"
-        downloads.mkdir(parents=True, exist_ok=True)
-        # Searchable, not listable: the slot user's unsquashfs opens an archive by its name.
-        for folder in (self.state_dir, downloads):
-            folder.chmod(0o711)
+        downloads = self._downloads()
         deadline = time.monotonic() + self.settings.restore_timeout
         with self._step("download"):
             checkout, deps = self._recorded_archives(seed)
-            archive = self._download(plan.checkout, checkout, downloads / "checkout.sqsh", deadline)
+            archive = self._download(plan.checkout, downloads / "checkout.sqsh", checkout, deadline)
             deps_archive = None
             if deps is not None:
                 assert plan.deps is not None
-                deps_archive = self._download(plan.deps, deps, downloads / "deps.sqsh", deadline)
+                deps_archive = self._download(plan.deps, downloads / "deps.sqsh", deps, deadline)
         with self._step("extract"):
             created.append(self.checkout)
             self._extract(archive, self.checkout)
@@ -228,6 +247,45 @@ class SlotTask:
             self._write_marker(seed, head)
         return head
 
+    def _resume(
+        self, seed: SeedIdentity, checkpoint: Checkpoint, created: list[Path]
+    ) -> tuple[str, str]:
+        """Restore the slot's checkpoint as it was frozen: (the branch HEAD names, HEAD).
+
+        Nothing is checked out and no git command that writes the index or the worktree
+        runs, so files, modes, symlinks, the index, untracked and ignored files are the
+        captured bytes, links leading outside the worktree included (the run made them: a
+        virtualenv's interpreter link). Only `.git` is changed, exactly as at a seed: its
+        config replaced (the seed's own safe config for this origin and the seed's branch,
+        which is what the capture holds unless the run changed its config) and
+        `make_safe`'s removals (hooks; the rest the capture left out). The links in `.git`
+        were checked by the extraction, and nothing after it makes one. HEAD need not be
+        the claim's head:
+        the run may have committed since the seed, and the checkpoint is the one the
+        record ties to this owner, verified by its size and sha256."""
+        assert self.plan.resume is not None
+        deadline = time.monotonic() + self.settings.restore_timeout
+        with self._step("download"):
+            target = self._downloads() / "checkpoint.sqsh"
+            archive = self._download(self.plan.resume, target, checkpoint, deadline)
+        with self._step("extract"):
+            created.append(self.checkout)
+            self._extract(archive, self.checkout, checkpoint=True)
+        with self._step("fixup"), self._hardened(seed) as git:
+            head = self._git(git, "rev-parse", "--verify", "HEAD^{commit}")
+            ref = _branch(self._git(git, "rev-parse", "--symbolic-full-name", "HEAD"))
+        with self._step("marker"):
+            self._write_marker(seed, head)
+        return ref or seed.ref, head
+
+    def _downloads(self) -> Path:
+        downloads = self.state_dir / "downloads"
+        downloads.mkdir(parents=True, exist_ok=True)
+        # Searchable, not listable: the slot user's unsquashfs opens an archive by its name.
+        for folder in (self.state_dir, downloads):
+            folder.chmod(0o711)
+        return downloads
+
     def _recorded_archives(self, seed: SeedIdentity) -> tuple[Archive, Archive | None]:
         """What to verify against, read from the snapshot records themselves."""
         archives = self.snapshots.read(seed.resource).archives_for(seed)
@@ -235,13 +293,16 @@ class SlotTask:
             raise StepFailed("download", "seed-missing", "no recorded generation names the seed")
         return archives
 
-    def _download(self, url: SecretStr, archive: Archive, target: Path, deadline: float) -> Path:
+    def _download(
+        self, url: SecretStr, target: Path, recorded: Archive | Checkpoint, deadline: float
+    ) -> Path:
+        """Download `url` into `target`, verified against the size and sha256 recorded."""
         try:
             download(
                 url.get_secret_value(),
                 target,
-                size=archive.size,
-                sha256=archive.sha256,
+                size=recorded.size,
+                sha256=recorded.sha256,
                 deadline=deadline,
                 parts=self.settings.download_parts,
                 stall_timeout=self.settings.download_stall_timeout,
@@ -255,9 +316,14 @@ class SlotTask:
             ) from failed
         return target
 
-    def _extract(self, archive: Path, target: Path) -> None:
+    def _extract(self, archive: Path, target: Path, *, checkpoint: bool = False) -> None:
         try:
-            extract(archive, target, owner=self.settings.slot_user())
+            extract(
+                archive,
+                target,
+                owner=self.settings.slot_user(),
+                worktree_links_may_leave=checkpoint,
+            )
         except UnsafeArchive as unsafe:
             raise StepFailed("extract", "unsafe-archive", str(unsafe)) from unsafe
         except (ExtractFailed, FileExistsError) as failed:
@@ -287,10 +353,10 @@ class SlotTask:
         except UnsafeArchive as unsafe:
             raise StepFailed("fixup", "unsafe-archive", str(unsafe)) from unsafe
 
-    def _fix_up(self, seed: SeedIdentity) -> str:
+    @contextmanager
+    def _hardened(self, seed: SeedIdentity) -> Iterator[SafeGit]:
         """The archive's `.git` is data: check it and replace its config before git runs
         at all, then git runs hardened, as the slot user, on that repository only."""
-        plan = self.plan
         with empty_home() as home:
             git = SafeGit(
                 self.checkout,
@@ -301,12 +367,17 @@ class SlotTask:
             )
             try:
                 dropped = make_safe(
-                    git, origin=plan.binding.origin, branch=seed.ref, owner=git.user
+                    git, origin=self.plan.binding.origin, branch=seed.ref, owner=git.user
                 )
             except UnsafeRepository as unsafe:
                 raise StepFailed("fixup", "unsafe-archive", str(unsafe)) from unsafe
             if dropped:
                 logger.warning("archive credentials dropped", keys=dropped)
+            yield git
+
+    def _fix_up(self, seed: SeedIdentity) -> str:
+        plan = self.plan
+        with self._hardened(seed) as git:
             target = seed.sha
             if seed.fetch_ref is not None:
                 self._git(git, "fetch", "--quiet", "--no-tags", "origin", "--", seed.fetch_ref)
@@ -394,10 +465,12 @@ class SlotTask:
 
     def run_sandbox(self) -> int:
         """Run the sandbox command (or, with none, wait) until it ends or the task is
-        stopped, watching the record meanwhile (`watch.Watcher`)."""
+        stopped, watching the record meanwhile (`watch.Watcher`). Stopped, a slot seeded
+        here is checkpointed and parked, or its work recorded lost, before its sandbox ends."""
         command = self.settings.sandbox_command
-        if not command:
-            self._watch(lambda: False)
+        if not command or self.stop.is_set():  # none, or stopped before it could start
+            if self._watch(lambda: False):
+                self._stopped()
             return 0
         user = self.settings.slot_user()
         if user is None:
@@ -413,6 +486,7 @@ class SlotTask:
         relay = relay_output(process, lambda line: logger.info("sandbox output", line=line))
         try:
             if self._watch(lambda: process.poll() is not None):
+                self._stopped()
                 # Frozen, nothing may change after the capture: no grace to act on SIGTERM.
                 return end(process, 0) if self.watcher.frozen else end(process)
             return process.returncode
@@ -421,10 +495,25 @@ class SlotTask:
                 end_user_processes(user.uid)  # what left its session ends with it
             relay.join(timeout=2)
 
+    def _seeded_here(self) -> bool:
+        """Only a slot that was seeded here is ever checkpointed."""
+        return self.plan.binding.seed is not None and self.checkout.exists()
+
+    def _stopped(self) -> None:
+        """The platform stops the task: keep the slot's work or record it lost. A store
+        that does not answer leaves the record as it is (the sweep finds the task gone)."""
+        if not self._seeded_here():
+            logger.info("stopped: left", seeded=False)
+            return
+        try:
+            self.watcher.stopping()
+        except Exception:
+            logger.exception("stopped: unrecorded")
+
     def _watch(self, ended: Callable[[], bool]) -> bool:
         """Look at the record every watch interval until `ended()` or the task is stopped
-        (True: stopped). Only a slot that was seeded here is ever checkpointed."""
-        seeded = self.plan.binding.seed is not None and self.checkout.exists()
+        (True: stopped)."""
+        seeded = self._seeded_here()
         next_look = time.monotonic() + self.watcher.interval()
         while not ended():
             if self.stop.wait(0.2):
@@ -433,6 +522,14 @@ class SlotTask:
                 self.watcher.look()
                 next_look = time.monotonic() + self.watcher.interval()
         return False
+
+
+def _branch(head: str) -> str | None:
+    """The branch `rev-parse --symbolic-full-name HEAD` names, when a record can hold it
+    (None: detached, or a name no seed could have)."""
+    name = head.removeprefix("refs/heads/")
+    valid = name != head and len(name) <= 255 and is_valid_branch_name(name)
+    return name if valid else None
 
 
 def task_store() -> tuple[Lifecycle, SnapshotStore]:

@@ -18,6 +18,14 @@ sweep has asked for a checkpoint (`checkpointing`, an open `checkpoint` op of th
 While frozen it looks every `frozen_watch_interval` seconds (a poll waits on it), also during
 the capture and the upload: a poll that came back (`seeded`) abandons the checkpoint, resumes
 the sandbox (SIGCONT) and clears the record's `frozen_at` (`THAWED`).
+
+When the platform stops the task (SIGTERM with no request of ours: Spot, retirement,
+scale-in; DESIGN §10, step 7), `stopping` keeps the work if it can: within the stop budget
+(`stop_timeout` less a margin for the last write) it checkpoints the slot (the sweep's open
+request, else its own, `CHECKPOINT_ON_STOP`), then parks it (`PARK_ON_STOP`); when that fails
+or the budget runs out, the record says the work is lost and why (`LOSE`). A checkpoint under
+way when the stop comes goes on (only the budget cancels it). From the stop on, the sandbox
+is never resumed: the platform ends the task, and nothing may change after a capture.
 """
 
 from __future__ import annotations
@@ -38,11 +46,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from seedkeeper.adapters import aws
 from seedkeeper.domain import transitions
-from seedkeeper.domain.checkpoints import MAX_CHECKPOINT_BYTES, retry_after
+from seedkeeper.domain.checkpoints import MAX_CHECKPOINT_BYTES, RetentionSettings, retry_after
 from seedkeeper.domain.opwindow import Actor, Operation, OpKind
-from seedkeeper.domain.record import SlotRecord, State, Supported
+from seedkeeper.domain.record import Loss, SlotRecord, State, Supported
+from seedkeeper.domain.refused import Refused
 from seedkeeper.observability import logger
-from seedkeeper.store.lifecycle import Lifecycle, Written
+from seedkeeper.store.lifecycle import Lifecycle, Outcome, Written
 from seedkeeper_task import function_url
 from seedkeeper_task.capture import (
     Captured,
@@ -59,8 +68,16 @@ from seedkeeper_task.slot_user import SlotUser
 _CAPTURE = "checkpoint.sqsh"
 _CALL_TIMEOUT = 30.0
 _BACKOFF = 2.0  # seconds before the second try of an upload; doubled for each further one
+# Kept from a stop's budget for the last write (parked or lost) after the checkpoint.
+STOP_MARGIN = 10.0
+# The states a stopping task checkpoints from; any other is left as it is (closing: the
+# sweep's own stop, for a park or a retirement; ended; a seed with no verdict yet).
+_KEPT_ON_STOP = frozenset({State.SEEDED, State.CHECKPOINTING, State.CHECKPOINTED})
+LOST_ON_STOP = "checkpoint-failed-on-stop"
+STOP_TIMEOUT = "stop-timeout"
 
 Ending = Literal["checkpointed", "abandoned", "failed", "stopping", "superseded"]
+StopEnding = Literal["parked", "lost", "left", "unrecorded"]
 
 
 class CheckpointSettings(BaseSettings):
@@ -76,6 +93,9 @@ class CheckpointSettings(BaseSettings):
     checkpoint_timeout: Annotated[float, Field(gt=0)] = 600.0  # the capture
     upload_timeout: Annotated[float, Field(gt=0)] = 60.0  # no byte moving for this long
     checkpoint_attempts: Annotated[int, Field(ge=1, le=10)] = 3
+    # Between the platform's SIGTERM and its SIGKILL (Fargate's stopTimeout, 120 s at
+    # most): a stopped task checkpoints in this, less STOP_MARGIN.
+    stop_timeout: Annotated[float, Field(gt=STOP_MARGIN, le=3600)] = 120.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +125,10 @@ class Watcher:
         self.sandbox_group: int | None = None  # the sandbox's process group, once it runs
         # After a failure it could not record, the record still asks: not before then.
         self._not_before = 0.0
+        # Why the checkpoint under way when the stop came was not made: the stop's loss.
+        self._failed_on_stop: _NotMade | None = None
+        self._stop_lock = threading.Lock()
+        self._stop_deadline: float | None = None
 
     def interval(self) -> float:
         """Seconds to the next look: jittered by ±20 %, shorter while a poll may wait."""
@@ -131,17 +155,46 @@ class Watcher:
 
     def checkpoint(self, record: SlotRecord, op: Operation) -> Ending:
         """Freeze, capture, upload, record. Any ending but `checkpointed` leaves the
-        sandbox running and the record saying so."""
-        settings = self.settings
-        if not settings.checkpointing.checkpoint_url:
+        sandbox running and the record saying so, unless the task is stopped meanwhile:
+        then the sandbox stays frozen and `stopping` settles the slot."""
+        if not self.settings.checkpointing.checkpoint_url:
             # Nowhere to upload: nothing is stopped; the sweep retains the slot meanwhile.
             logger.warning("checkpoint asked for, but no checkpoint function is configured")
             return "failed"
-        freezing = transitions.Freezing(attempt=settings.attempt, op=op.ref, now=_now())
-        marked = self.lifecycle.apply(settings.slot, transitions.FREEZE, freezing, as_read=record)
-        if not isinstance(marked, Written | transitions.Acknowledged):
+        if not self._mark_frozen(record, op):
             return "superseded"  # touched or moved on before anything was stopped
+        try:
+            answer = self._capture_and_record(record, op)
+        except Abandoned as abandoned:
+            if self.stop.is_set():
+                self._failed_on_stop = _NotMade("checkpoint-abandoned", str(abandoned))
+                return "stopping"
+            self._thaw(op)
+            return "abandoned"
+        except _NotMade as failed:
+            if self.stop.is_set():
+                self._failed_on_stop = failed
+                return "stopping"
+            return self._give_up(record, op, failed.reason, failed.detail)
+        if answer.get("state") == State.SEEDED.value:
+            self._thaw(None)  # recorded, but a poll came back meanwhile: it wants the work
+        return "checkpointed"
+
+    def _mark_frozen(self, record: SlotRecord, op: Operation) -> bool:
+        """Record that the sandbox may be frozen (`FREEZE`), before anything is stopped."""
+        freezing = transitions.Freezing(attempt=self.settings.attempt, op=op.ref, now=_now())
+        marked = self.lifecycle.apply(
+            self.settings.slot, transitions.FREEZE, freezing, as_read=record
+        )
+        if not isinstance(marked, Written | transitions.Acknowledged):
+            return False
         self.frozen = True
+        return True
+
+    def _capture_and_record(self, record: SlotRecord, op: Operation) -> dict[str, Any]:
+        """Stop the sandbox, capture the checkout, upload and record it: the record call's
+        answer. Raises Abandoned (a poll came back, or the record moved on) or _NotMade."""
+        settings = self.settings
         target = settings.state_dir / _CAPTURE
         try:
             with self._watching() as cancel:
@@ -156,22 +209,123 @@ class Watcher:
                         max_bytes=MAX_CHECKPOINT_BYTES,
                     )
                     answer = self._upload_and_record(record, op, captured, cancel)
-                except Abandoned:
-                    self._thaw(op)
-                    return "abandoned"
                 except (FreezeFailed, CaptureFailed, _NotUploaded) as failed:
-                    if self.stop.is_set():
-                        return self._give_up(record, op, "task-stopping", "")
-                    if cancel.is_set():  # a poll came back while it was failing
-                        self._thaw(op)
-                        return "abandoned"
-                    return self._give_up(record, op, failed.reason, str(failed)[:300])
+                    if not self.stop.is_set() and cancel.is_set():
+                        raise Abandoned("touched") from None  # a poll came back meanwhile
+                    if self.stop.is_set() and time.monotonic() >= self._stop_budget_end():
+                        budget = settings.checkpointing.stop_timeout - STOP_MARGIN
+                        detail = f"not done in the stop's {budget:g} s ({failed.reason})"
+                        raise _NotMade(STOP_TIMEOUT, detail) from None
+                    raise _NotMade(failed.reason, failed.detail[:300]) from None
         finally:
             target.unlink(missing_ok=True)
         logger.info("checkpoint recorded", size=captured.size, sha256=captured.sha256)
-        if answer.get("state") == State.SEEDED.value:
-            self._thaw(None)  # recorded, but a poll came back meanwhile: it wants the work
-        return "checkpointed"
+        return answer
+
+    # -- a stop by the platform ----------------------------------------------------------
+
+    def stopping(self) -> StopEnding:
+        """The platform is stopping the task: keep the slot's work, or say it is lost.
+
+        Read consistently: a record that is not this attempt's, or not seeded,
+        checkpointing or checkpointed (closing: the sweep stops the task itself; ended), is
+        left as it is. Otherwise park it on a checkpoint captured while frozen: the one
+        already recorded, else a new one (`CHECKPOINT_ON_STOP`, or the sweep's open
+        request), all within the stop budget; when that fails, `LOSE` with the reason."""
+        self._stop_budget_end()  # the budget runs from the stop, not from the end of a look
+        classified = self.lifecycle.read(self.settings.slot)
+        record = classified.record if isinstance(classified, Supported) else None
+        if (
+            record is None
+            or record.attempt != self.settings.attempt
+            or record.state not in _KEPT_ON_STOP
+            or record.incarnation is None
+        ):
+            logger.info("stopped: left", state=record.state.value if record else None)
+            return "left"
+        incarnation = record.incarnation
+        failed = self._failed_on_stop
+        if failed is None and self.frozen and self._park(incarnation, record):
+            return "parked"  # its checkpoint was recorded while frozen, as it still is
+        if failed is None:
+            try:
+                self._checkpoint_on_stop(record)
+            except _NotMade as not_made:
+                failed = not_made
+        if failed is None:
+            if self._park(incarnation, None):
+                return "parked"
+            failed = _NotMade("park-refused", "the checkpoint was recorded, the park refused")
+        return self._lose(incarnation, failed)
+
+    def _checkpoint_on_stop(self, record: SlotRecord) -> None:
+        """Checkpoint the slot for the stop: the open request (the sweep's, or this task's
+        own on an earlier try) or a new one; freeze, capture, upload, record. Raises
+        _NotMade."""
+        if not self.settings.checkpointing.checkpoint_url:
+            raise _NotMade("checkpoint-unconfigured", "no checkpoint function is configured")
+        stopping = self._stopping(record.incarnation)
+        asked = self.lifecycle.apply(
+            self.settings.slot, transitions.CHECKPOINT_ON_STOP, stopping, as_read=record
+        )
+        if not isinstance(asked, Written | transitions.Acknowledged) or asked.entry is None:
+            raise _NotMade("checkpoint-refused", _why(asked))
+        if not self._mark_frozen(asked.record, asked.entry):
+            raise _NotMade("checkpoint-refused", "the record moved on before the freeze")
+        try:
+            self._capture_and_record(asked.record, asked.entry)
+        except Abandoned as abandoned:
+            raise _NotMade("checkpoint-abandoned", str(abandoned)) from None
+
+    def _park(self, incarnation: str, record: SlotRecord | None) -> bool:
+        """`PARK_ON_STOP`: the checkpoint counts and was captured frozen, as the sandbox
+        still is."""
+        outcome = self.lifecycle.apply(
+            self.settings.slot,
+            transitions.PARK_ON_STOP,
+            self._stopping(incarnation),
+            as_read=record,
+        )
+        if isinstance(outcome, Written | transitions.Acknowledged):
+            logger.info("stopped: parked", expires_at=outcome.record.expires_at)
+            return True
+        logger.info("park on stop refused", why=_why(outcome))
+        return False
+
+    def _lose(self, incarnation: str, failed: _NotMade) -> StopEnding:
+        """The work goes with the task: the record says so, and why, for as long as a
+        park would have kept it."""
+        now = _now()
+        if failed.reason == STOP_TIMEOUT:
+            reason, detail = STOP_TIMEOUT, failed.detail
+        else:  # the loss's detail names the failure
+            reason, detail = LOST_ON_STOP, ": ".join(filter(None, (failed.reason, failed.detail)))
+        lost = transitions.Lost(
+            incarnation=incarnation,
+            loss=Loss(reason=reason, detail=detail[:512], at=now),
+            expires_at=now + RetentionSettings().park_retention,
+        )
+        outcome = self.lifecycle.apply(self.settings.slot, transitions.LOSE, lost)
+        if isinstance(outcome, Written | transitions.Acknowledged):
+            logger.warning("stopped: lost", reason=reason, detail=detail[:300])
+            return "lost"
+        logger.warning("stopped: loss unrecorded", reason=reason, why=_why(outcome))
+        return "unrecorded"
+
+    def _stopping(self, incarnation: str | None) -> transitions.Stopping:
+        assert incarnation is not None  # `stopping` acts only on a record that names one
+        return transitions.Stopping(
+            attempt=self.settings.attempt, incarnation=incarnation, now=_now()
+        )
+
+    def _stop_budget_end(self) -> float:
+        """When the stop's checkpoint must be done by (monotonic): the stop budget from the
+        moment the stop was first seen (both watch loops look several times a second)."""
+        with self._stop_lock:
+            if self._stop_deadline is None:
+                budget = self.settings.checkpointing.stop_timeout - STOP_MARGIN
+                self._stop_deadline = time.monotonic() + budget
+            return self._stop_deadline
 
     # -- the checkpoint function --------------------------------------------------------
 
@@ -242,7 +396,7 @@ class Watcher:
             logger.warning("checkpoint failure not recorded", why=str(unrecorded))
             self._not_before = time.monotonic() + retry_after(1)
         logger.warning("checkpoint failed", reason=reason)
-        return "stopping" if reason == "task-stopping" else "failed"
+        return "failed"
 
     def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         url = self.settings.checkpointing.checkpoint_url
@@ -251,13 +405,16 @@ class Watcher:
         credentials = session.get_credentials()
         if credentials is None:
             raise _Refused("no-credentials")
+        timeout = _CALL_TIMEOUT
+        if self.stop.is_set():  # a call may not outlast the stop's budget by much
+            timeout = max(1.0, min(timeout, self._stop_budget_end() - time.monotonic()))
         status, payload = function_url.call(
             "POST",
             url.rstrip("/") + path,
             body,
             credentials=credentials,
             region=session.region_name or "us-east-1",
-            timeout=_CALL_TIMEOUT,
+            timeout=timeout,
         )
         try:
             answer = json.loads(payload or b"{}")
@@ -297,14 +454,19 @@ class Watcher:
             record.state is State.SEEDED or record.attempt != self.settings.attempt
         )
 
-    def _resume(self) -> None:
+    def _resume(self) -> bool:
+        """SIGCONT to the sandbox, unless the task is being stopped (True: resumed)."""
+        if self.stop.is_set():
+            return False  # it stays as it is until the task ends it
         thaw(self.settings.user, self.sandbox_group)
         self.frozen = False
+        return True
 
     def _thaw(self, op: Operation | None) -> None:
         """A poll came back: SIGCONT first, then the record says so (so it never claims
         the sandbox runs while it is stopped)."""
-        self._resume()
+        if not self._resume():
+            return
         thawed = transitions.Thawed(
             attempt=self.settings.attempt, op=op.ref if op else None, now=_now()
         )
@@ -313,8 +475,9 @@ class Watcher:
 
     @contextmanager
     def _watching(self) -> Iterator[threading.Event]:
-        """An event set when the task is stopping or a poll came back, looked at by the
-        capture and the upload; a thread reads the record every frozen interval."""
+        """An event set when a poll came back, or when the stop's budget has run out,
+        looked at by the capture and the upload; a thread reads the record every frozen
+        interval until the task is stopped (then a poll no longer resumes anything)."""
         cancel = threading.Event()
         done = threading.Event()
 
@@ -322,8 +485,10 @@ class Watcher:
             next_look = time.monotonic() + self.settings.checkpointing.frozen_watch_interval
             while not done.wait(0.1):
                 if self.stop.is_set():
-                    cancel.set()
-                    return
+                    if time.monotonic() >= self._stop_budget_end():
+                        cancel.set()
+                        return
+                    continue
                 if time.monotonic() < next_look:
                     continue
                 record = self._peek()
@@ -352,6 +517,22 @@ class _NotUploaded(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.detail = ""
+
+
+class _NotMade(Exception):
+    """No checkpoint was made: `reason` a token, `detail` what else is known (never a
+    URL)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def _why(outcome: Outcome) -> str:
+    """A write's refusal as a log or a loss says it: the reason token, or the conflict."""
+    return outcome.reason if isinstance(outcome, Refused) else "the record kept moving"
 
 
 def _token(reason: str) -> str:

@@ -20,6 +20,7 @@ from executor import ORIGIN, claim_for, client_for, publish
 from repos import git, make_repository
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
+from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.outcomes import Cold, NotSeeded, Seeded, Seeding
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.record import SeedFailed, State, Supported, slot_key
@@ -293,7 +294,9 @@ def test_the_idle_sweep_stops_a_cold_container_and_keeps_a_seeded_one(
         lifecycle=Lifecycle(table),
         runtime=lambda: runtime,
         snapshots=None,
+        r2=None,
         settings=SweepSettings(),
+        retention=RetentionSettings(),
         clock=lambda: later,
     ).sweep()
 

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,12 +27,12 @@ from repos import git, make_repository
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain.models import OwnerClaim, SeedIdentity
 from seedkeeper.domain.opwindow import OpKind
-from seedkeeper.domain.outcomes import Seeded
+from seedkeeper.domain.outcomes import NotSeeded, Seeded
 from seedkeeper.domain.record import SlotRecord, State, Supported
-from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.domain.runtime import TaskState, TaskStatus
 from seedkeeper_task.sandbox import user_processes
 from seedkeeper_task.supervisor import CHECKOUT
-from seedkeeper_tools.client import SeedkeeperClient, SeedkeeperRefused
+from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.stack import LocalStack
 
@@ -224,10 +224,11 @@ def test_an_idle_seeded_slot_is_checkpointed_then_parked_with_its_work_intact(
         slot.name, claim=slot.claim, seed=slot.seed, incarnation=slot.incarnation
     )
     assert receipt.checkpoint == "lost"
-    # A parked slot is closed to polls until it is resumed.
-    with pytest.raises(SeedkeeperRefused) as closed:
-        slot.poll()
-    assert (closed.value.status, closed.value.reason) == (409, "slot-closed")
+    # Its owner's poll would resume it: with the checkpoint gone it says so, and writes nothing.
+    gone = slot.poll()
+    assert isinstance(gone, NotSeeded)
+    assert (gone.reason, gone.step, gone.detail) == ("seed-missing", "resume", "checkpoint lost")
+    assert slot.record().state is State.PARKED
 
 
 def test_a_poll_while_capturing_abandons_the_checkpoint_and_resumes_the_sandbox(
@@ -284,17 +285,17 @@ def test_a_poll_racing_the_park_fence_wins_and_resumes_the_sandbox(
     slot.wait_for_state(State.CHECKPOINTED)
     time.sleep(1)
     runtime_type = type(slot.stack.runtime)
-    status = runtime_type.status
+    statuses = runtime_type.statuses
 
-    def a_poll_arrives(self: Any, incarnation: str) -> TaskStatus:
+    def a_poll_arrives(self: Any, incarnations: Sequence[str]) -> dict[str, TaskState]:
         slot.poll()  # between the sweep's read and its fence
-        return status(self, incarnation)
+        return statuses(self, incarnations)
 
-    monkeypatch.setattr(runtime_type, "status", a_poll_arrives)
+    monkeypatch.setattr(runtime_type, "statuses", a_poll_arrives)
     report = slot.stack.sweep()
     assert report.parked == []
     assert report.retained["touched"] == 1
-    monkeypatch.setattr(runtime_type, "status", status)
+    monkeypatch.setattr(runtime_type, "statuses", statuses)
     wait_for(slot.running, "the sandbox is resumed")
     assert slot.record().state is State.SEEDED
     assert slot.stack.runtime.status(slot.incarnation) is TaskStatus.RUNNING
@@ -391,24 +392,27 @@ def test_r2_refusing_the_put_resumes_the_sandbox_and_records_why(
 
 
 @pytest.mark.parametrize("faulty_store", ["stall"], indirect=True)
-def test_a_task_stopped_during_its_upload_is_never_parked(
+def test_a_task_stopped_during_its_upload_is_never_parked_and_its_loss_is_recorded(
     slot: Slot, faulty_store: FaultyStore
 ) -> None:
+    """SIGTERM mid-upload (Spot, scale-in): the task goes on uploading within its stop
+    budget, but the runtime's grace (5 s here) runs out first and SIGKILL ends it. Nothing
+    verified, nothing parked: the sweep finds the task stopped and records the loss."""
     with faulty_store.presigned_for(slot):
-        slot.stack.runtime.stop(slot.incarnation)  # SIGTERM mid-upload: Spot, scale-in...
+        slot.stack.runtime.stop(slot.incarnation)
     record = slot.record()
-    assert record.state is State.SEEDED
-    assert (record.retained_reason, record.checkpoint) == ("checkpoint-failed", None)
-    ops = [e for e in record.window.entries if e.kind is OpKind.CHECKPOINT]
-    assert ops[-1].outcome == "task-stopping"
+    assert (record.state, record.checkpoint) == (State.CHECKPOINTING, None)
     time.sleep(IDLE + 1)
     report = slot.stack.sweep()
-    assert report.parked == []
-    assert slot.record().state is State.SEEDED
+    assert (report.parked, report.lost) == ([], [slot.name])
+    lost = slot.record()
+    assert lost.state is State.LOST
+    assert lost.loss is not None
+    assert lost.loss.reason == "task-stopped"
     assert checkpoint_objects() == []
 
 
-def test_a_task_killed_during_its_capture_is_never_parked(slot: Slot) -> None:
+def test_a_task_killed_during_its_capture_is_never_parked_and_is_recorded_lost(slot: Slot) -> None:
     big = slot.checkout / "big.bin"
     big.write_bytes(os.urandom(40 * 1024 * 1024))
     os.chown(big, slot.uid, slot.uid)
@@ -420,11 +424,16 @@ def test_a_task_killed_during_its_capture_is_never_parked(slot: Slot) -> None:
         lambda: slot.stack.runtime.status(slot.incarnation) is TaskStatus.STOPPED, "it is gone"
     )
     record = slot.record()
-    assert record.state is State.CHECKPOINTING  # nothing can say more: it is retained
+    assert record.state is State.CHECKPOINTING
     assert record.checkpoint is None
-    for _ in range(2):
-        report = slot.stack.sweep()
-        assert report.parked == []
-        assert report.retained["checkpointing"] == 1
-    assert slot.record().state is State.CHECKPOINTING
+    report = slot.stack.sweep()  # still expired: the request came with the deadline passed
+    assert (report.parked, report.lost) == ([], [slot.name])
+    lost = slot.record()
+    assert (lost.state, lost.checkpoint) == (State.LOST, None)
+    assert lost.loss is not None
+    assert (lost.loss.reason, lost.loss.detail) == ("task-stopped", "killed by SIGKILL")
+    receipt = slot.client.receipt(
+        slot.name, claim=slot.claim, seed=slot.seed, incarnation=slot.incarnation
+    )
+    assert (receipt.checkpoint, receipt.why) == ("lost", "task-stopped")
     assert checkpoint_objects() == []

@@ -31,6 +31,7 @@ from seedkeeper import config
 from seedkeeper.adapters.r2 import ObjectFacts
 from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import RETRY_FIRST
+from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind, OpRef, OpStatus
 from seedkeeper.domain.record import Checkpoint, SlotRecord, State, Supported, slot_key
 from seedkeeper.store.lifecycle import Written
@@ -440,6 +441,36 @@ def test_a_checksum_the_store_kept_is_compared(stack: Stack, tmp_path: Path) -> 
 
 
 # -- 4. no upload at all -----------------------------------------------------------------
+
+
+def test_a_frozen_slot_a_poll_brought_back_still_gets_its_upload(stack: Stack) -> None:
+    """A task the platform is stopping never resumes its sandbox: what it captured while
+    frozen is still uploaded after a poll moved the slot back to `seeded`. Once the task
+    says it resumed the sandbox (the op abandoned), no upload is granted."""
+    lifecycle = stack.store.lifecycle()
+    asked = stored_in(lifecycle, SLOT, State.CHECKPOINTING)
+    op = asked.window.entries[-1].ref
+    frozen = lifecycle.apply(
+        SLOT, transitions.FREEZE, transitions.Freezing(attempt=1, op=op, now=NOW)
+    )
+    assert isinstance(frozen, Written)
+    poll = transitions.Poll(
+        Binding(owner=owner(), seed=seed(), origin=ORIGIN), now=NOW, idle_deadline=NOW
+    )
+    thawed = lifecycle.apply(SLOT, transitions.THAW, poll)
+    assert isinstance(thawed, Written)
+    assert (thawed.record.state, thawed.record.frozen_at) == (State.SEEDED, NOW)
+
+    status, grant = call("upload", captured(thawed.record))
+    assert status == 200, grant
+
+    resumed = lifecycle.apply(
+        SLOT, transitions.THAWED, transitions.Thawed(attempt=1, op=op, now=NOW)
+    )
+    assert isinstance(resumed, Written)
+    before = raw_item(stack)
+    assert call("upload", captured(thawed.record)) == (409, NOT_OPEN)
+    assert raw_item(stack) == before
 
 
 def test_a_record_without_an_upload_is_unverified_and_writes_nothing(stack: Stack) -> None:

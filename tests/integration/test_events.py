@@ -20,6 +20,7 @@ DOCUMENTED = [
     ("seed-bad-ref", "seed", 400),
     ("seed-new", "seed", 202),  # the event's archives are recorded by rotation-post
     ("seed-poll", "seed", 202),
+    ("keepalive", "seed", 200),  # the seed-new slot's owner
     ("seed-other-owner", "seed", 409),
     ("seed-cold", "seed", 200),
     ("receipt", "receipt", 404),  # the event's incarnation is an ECS task, not this one

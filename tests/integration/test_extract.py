@@ -701,3 +701,31 @@ def test_the_slot_user_extracts_and_owns_the_tree(tmp_path: Path, place: Path) -
     assert owners_and_privileged(place / "checkout") == ({(65534, 65534)}, [])
     assert place.stat().st_uid == 0  # the parent stays the supervisor's
     assert (place / "checkout" / "bin" / "tool").read_text() == "#!/bin/sh\n"
+
+
+def test_a_checkpoint_keeps_the_worktree_links_its_run_made_but_never_one_in_git(
+    tmp_path: Path, place: Path
+) -> None:
+    """A slot's own checkpoint restores a virtualenv's interpreter link as it was; a link in
+    `.git` leading outside is refused, directly or through a worktree link."""
+    source = tmp_path / "source"
+    (source / ".venv" / "bin").mkdir(parents=True)
+    (source / ".venv" / "bin" / "python").symlink_to("/usr/bin/python3")
+    (source / "up").symlink_to("../..")
+    (source / ".git").mkdir()
+    (source / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    archive = build_squashfs_to(source, tmp_path / "work.sqsh")
+    with pytest.raises(UnsafeArchive):  # a snapshot's archive: refused as ever
+        extract(archive, place / "seeded")
+
+    extract(archive, place / "resumed", worktree_links_may_leave=True)
+    assert os.readlink(place / "resumed" / ".venv" / "bin" / "python") == "/usr/bin/python3"
+    assert os.readlink(place / "resumed" / "up") == "../.."
+
+    for name, link_target in (("hooks", "/etc"), ("objects", "../up/x")):
+        (source / ".git" / name).symlink_to(link_target)
+        evil = build_squashfs_to(source, tmp_path / f"evil-{name}.sqsh")
+        with pytest.raises(UnsafeArchive, match="leads outside"):
+            extract(evil, place / f"evil-{name}", worktree_links_may_leave=True)
+        assert not (place / f"evil-{name}").exists()
+        (source / ".git" / name).unlink()

@@ -35,6 +35,7 @@ TASK = LocalCredentials("store-key", secrets.token_hex(16))
 STRANGER = LocalCredentials("stranger-key", secrets.token_hex(16))
 EXECUTOR_ROUTES = [
     ("POST", "/seed"),
+    ("POST", "/keepalive"),
     ("POST", "/receipt"),
     ("POST", "/slot-evidence"),
     ("POST", "/snapshots"),

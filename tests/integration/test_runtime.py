@@ -5,23 +5,27 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import signal
 import stat
+import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import boto3
 import pytest
 from moto import mock_aws
+from moto.core.models import DEFAULT_ACCOUNT_ID as ACCOUNT_ID
+from moto.ecs.models import ecs_backends
 from pydantic import SecretStr
 
 from conftest import SLOT_UIDS_FROM_HERE
-from seedkeeper.adapters.runtime import EcsRuntime, RuntimeSettings, started_by
+from seedkeeper.adapters.runtime import DESCRIBE_BATCH, EcsRuntime, RuntimeSettings, started_by
 from seedkeeper.domain.opwindow import Actor, OpRef
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
 from seedkeeper_tools.local.docker import slot_container
 from seedkeeper_tools.local.runtime import LOCAL_TASK_ENVIRONMENT, LocalRuntime
 
@@ -88,9 +92,11 @@ def test_a_local_slot_task_runs_in_its_workspace_with_its_plan(
     assert given_incarnation == incarnation
     assert SlotPlan.from_env(plan_json) == plan()
     assert local.status(incarnation) is TaskStatus.RUNNING
+    workspace = local.workspace("slot-1")
     local.stop(incarnation)
     assert local.status(incarnation) is TaskStatus.STOPPED
     assert not alive(int(child)), "stop ends the whole process group"
+    assert not workspace.exists(), "a stopped task's workspace is gone with it"
 
 
 def test_launching_the_same_attempt_again_starts_nothing(local: LocalRuntime) -> None:
@@ -104,6 +110,135 @@ def test_launching_the_same_attempt_again_starts_nothing(local: LocalRuntime) ->
     assert second == "local:slot-1:2"
     for incarnation in (first, second):
         local.stop(incarnation)
+
+
+# A task that says it is ready, then ends as TASK_END says (an exit code, or a signal it
+# sends itself), leaving a child in its process group unless told otherwise.
+ENDING_TASK = """
+import os, pathlib, signal, subprocess, sys, time
+workspace = pathlib.Path(os.environ["SEEDKEEPER_WORKSPACE"])
+(workspace / "work.txt").write_text("the run's work")
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+(workspace / "child").write_text(str(child.pid))
+while not (workspace / "end").exists():
+    time.sleep(0.02)
+how = (workspace / "end").read_text()
+if how.startswith("SIG"):
+    os.kill(os.getpid(), getattr(signal, how))
+sys.exit(int(how))
+"""
+
+
+@pytest.fixture
+def ending(tmp_path: Path) -> LocalRuntime:
+    return LocalRuntime(
+        tmp_path / "data",
+        command=(sys.executable, "-c", ENDING_TASK),
+        slot_uids_from=SLOT_UIDS_FROM_HERE,
+    )
+
+
+def started(runtime: LocalRuntime, slot: str, attempt: int) -> tuple[str, Path, int]:
+    """Launch the attempt; answer its incarnation, workspace and the child it started."""
+    incarnation = runtime.launch(plan(slot, attempt))
+    workspace = runtime.workspace(slot)
+    deadline = time.monotonic() + 10
+    while not (workspace / "child").exists():
+        assert time.monotonic() < deadline, "the task never started"
+        time.sleep(0.02)
+    return incarnation, workspace, int((workspace / "child").read_text())
+
+
+def until(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} never happened"
+        time.sleep(0.02)
+
+
+def runtime_pid(runtime: LocalRuntime, incarnation: str) -> int:
+    _, slot, attempt = incarnation.split(":")
+    launched = runtime.workspace(slot).parent / f"attempt-{attempt}.json"
+    pid: int = json.loads(launched.read_text())["pid"]
+    return pid
+
+
+@pytest.mark.parametrize(
+    ("how", "detail"), [("3", "exit code 3"), ("SIGKILL", "killed by SIGKILL")]
+)
+def test_a_task_that_stopped_by_itself_says_how_and_its_workspace_and_processes_are_gone(
+    ending: LocalRuntime, how: str, detail: str
+) -> None:
+    """As a Fargate task's container and storage end with its essential container: what it
+    left running in its group is ended, its workspace removed, and its status says why."""
+    incarnation, workspace, child = started(ending, "slot-1", 1)
+    (workspace / "end").write_text(how)
+    # Its reaper (in this process, which launched it) removes it as soon as it ends.
+    until(lambda: not workspace.exists(), "the workspace's removal")
+
+    states = ending.statuses([incarnation, "local:slot-9:1"])
+    assert states == {
+        incarnation: TaskState(TaskStatus.STOPPED, "task-stopped", detail),
+        "local:slot-9:1": UNKNOWN,
+    }
+    assert not workspace.exists()
+    assert not alive(child), "what it left in its group ended with it"
+    # Another runtime on the data directory (a restarted stack) says the same.
+    again = LocalRuntime(ending.workspace("slot-1").parents[2], slot_uids_from=SLOT_UIDS_FROM_HERE)
+    assert again.statuses([incarnation]) == {incarnation: states[incarnation]}
+
+
+def test_each_attempt_starts_in_a_fresh_workspace_and_another_attempts_stop_spares_it(
+    ending: LocalRuntime,
+) -> None:
+    first, first_workspace, _ = started(ending, "slot-1", 1)
+    second, second_workspace, _ = started(ending, "slot-1", 2)
+    assert first_workspace != second_workspace
+    assert ending.workspace("slot-1") == second_workspace  # the latest attempt's
+    assert sorted(p.name for p in second_workspace.iterdir()) == ["child", "work.txt"]
+
+    (first_workspace / "end").write_text("0")
+    until(lambda: ending.status(first) is TaskStatus.STOPPED, "the first attempt's end")
+    assert ending.statuses([first, second]) == {
+        first: TaskState(TaskStatus.STOPPED, "task-stopped", "exit code 0"),
+        second: RUNNING,
+    }
+    assert not first_workspace.exists()
+    assert (second_workspace / "work.txt").read_text() == "the run's work"
+    ending.stop(second)
+    assert not second_workspace.exists()
+
+
+def test_a_task_gone_with_no_reaper_to_say_how_is_stopped_its_workspace_gone(
+    tmp_path: Path,
+) -> None:
+    """The process that launched it is gone (a restarted stack): nobody kept its exit."""
+    data = tmp_path / "data"
+    launcher = f"""
+import sys
+from pathlib import Path
+from pydantic import SecretStr
+from seedkeeper.domain.opwindow import Actor, OpRef
+from seedkeeper.domain.plan import SlotPlan
+from seedkeeper_tools.local.runtime import LocalRuntime
+runtime = LocalRuntime(Path({str(data)!r}), command=(sys.executable, "-c", {FAKE_TASK!r}),
+                       slot_uids_from={SLOT_UIDS_FROM_HERE})
+op = OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=1)
+print(runtime.launch(SlotPlan(slot="slot-1", attempt=1, op=op, checkout=SecretStr("x"))))
+"""
+    launched = subprocess.run(
+        [sys.executable, "-c", launcher], check=True, capture_output=True, text=True
+    )
+    incarnation = launched.stdout.splitlines()[-1]  # after its log lines
+    local = LocalRuntime(data, slot_uids_from=SLOT_UIDS_FROM_HERE)
+    workspace = local.workspace("slot-1")
+    wait_for(workspace / "seen.txt")
+    os.killpg(runtime_pid(local, incarnation), signal.SIGKILL)
+    until(lambda: local.status(incarnation) is TaskStatus.STOPPED, "the task's end")
+    assert local.statuses([incarnation]) == {
+        incarnation: TaskState(TaskStatus.STOPPED, "task-stopped", "process gone")
+    }
+    assert not workspace.exists()
 
 
 def test_status_and_stop_work_from_a_new_runtime_on_the_same_data_dir(
@@ -257,6 +392,37 @@ def test_ecs_launch_passes_the_plan_and_names_the_slot(
     assert runtime.status(incarnation) is TaskStatus.RUNNING
     runtime.stop(incarnation)
     assert runtime.status(incarnation) is TaskStatus.STOPPED
+
+
+def test_ecs_statuses_are_asked_in_batches_and_a_stopped_task_says_why(
+    ecs: tuple[ECSClient, RuntimeSettings],
+) -> None:
+    client, settings = ecs
+    runtime = EcsRuntime(client, settings)
+    tasks = [runtime.launch(plan(f"slot-{n}")) for n in range(DESCRIBE_BATCH + 5)]
+    spot, ours = tasks[0], tasks[-1]
+    client.stop_task(cluster="seedkeeper", task=spot, reason="Your Spot Task was interrupted.")
+    # Moto cannot interrupt a Spot task: its task is given the stop code ECS would give.
+    backend = ecs_backends[ACCOUNT_ID]["us-east-1"]
+    backend.tasks["seedkeeper"][spot].stop_code = "SpotInterruption"  # type: ignore[attr-defined]
+    runtime.stop(ours)
+    missing = "arn:aws:ecs:us-east-1:123456789012:task/seedkeeper/0123456789abcdef"
+    asked: list[int] = []
+    client.meta.events.register(
+        "before-parameter-build.ecs.DescribeTasks",
+        lambda params, **_: asked.append(len(params["tasks"])),
+    )
+
+    states = runtime.statuses([*tasks, missing, "local:slot-1:1"])
+
+    assert asked == [DESCRIBE_BATCH, 6]  # the local incarnation is never asked about
+    assert states[spot].status is TaskStatus.STOPPED
+    assert states[spot].reason == "spot-interruption"
+    assert states[spot].detail.startswith("Your Spot Task was interrupted.")
+    assert (states[ours].status, states[ours].reason) == (TaskStatus.STOPPED, "task-stopped")
+    assert "seedkeeper" in states[ours].detail  # our StopTask's reason
+    assert {states[task] for task in tasks[1:-1]} == {RUNNING}
+    assert states[missing] == states["local:slot-1:1"] == UNKNOWN
 
 
 def test_ecs_status_of_a_task_it_does_not_know_is_unknown(

@@ -244,22 +244,31 @@ def test_nothing_a_lost_task_left_runs_when_the_next_task_of_its_slot_starts(
     slots: Slots, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A task killed outright (a lost host) leaves what escaped its process group running
-    as the slot's user; the slot's next task ends it before it does anything as root in
-    that user's tree (a restore's root writes must never race that user)."""
+    as the slot's user: the local runtime ends it once it sees the task stopped, as a
+    Fargate task's end would; and whatever still runs as that user when the slot's next
+    task starts is ended before it does anything as root in that user's tree."""
     token = f"leftover-{os.getpid()}-{id(slots)}"
     monkeypatch.setenv("SEEDKEEPER_SANDBOX_COMMAND", json.dumps(stubborn_sandbox(token)))
     status, answer = slots.seed(slots.body(None, slot="lost"))
     assert status == 200, answer
     wait_for(lambda: any(True for _ in running_with(f"{token}-escaped")), "the escaped one")
     slots.kill(answer["incarnation"])  # the task's process group only, as a lost host
-    assert running_with(f"{token}-escaped")  # the attack: it outlived its task
+    wait_for(lambda: running_with(token) == [], "the runtime to end what the task left")
 
+    # One the runtime did not see (planted as the slot's user): the next task ends it.
+    uid = slots.runtime.slot_uid("lost")
+    assert uid is not None
+    planted = subprocess.Popen(
+        ["sh", "-c", f"sleep 600 & wait # {token}-planted"], user=uid, group=uid
+    )
+    wait_for(lambda: any(True for _ in running_with(f"{token}-planted")), "the planted one")
     monkeypatch.delenv("SEEDKEEPER_SANDBOX_COMMAND")
     record = slots.record("lost")
     again = SlotPlan(slot="lost", attempt=2, op=record.window.entries[0].ref)
     slots.runtime.launch(again)
 
     wait_for(lambda: running_with(token) == [], "the slot's next task to end the leftovers")
+    planted.wait(timeout=10)
 
 
 def test_the_sandbox_cannot_write_a_line_of_the_supervisors_log(

@@ -19,6 +19,7 @@ import importlib.util
 import itertools
 import json
 import time
+from collections.abc import Sequence
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -46,18 +47,19 @@ from seedkeeper import config
 from seedkeeper.adapters.runtime import RuntimeSettings, SlotRuntime
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import State
-from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.domain.runtime import RUNNING, TaskState, TaskStatus
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper_task.capture import upload
 from seedkeeper_tools.infra import FUNCTIONS
 
 # Cases per route (positive and negative together). About 12 ms a case on a 2-core
-# machine: 9 routes x 1,000 cases take about 110 s.
+# machine: 10 routes x 1,000 cases take about 120 s.
 CASES_PER_ROUTE = 1000
 
 # (function, path, method)
 ROUTES = [
     ("seed", "/seed", "POST"),
+    ("seed", "/keepalive", "POST"),
     ("receipt", "/receipt", "POST"),
     ("slot_evidence", "/slot-evidence", "POST"),
     ("rotation", "/snapshots", "POST"),
@@ -103,6 +105,9 @@ class NoLaunches:
 
     def status(self, incarnation: str) -> TaskStatus:
         return TaskStatus.RUNNING
+
+    def statuses(self, incarnations: Sequence[str]) -> dict[str, TaskState]:
+        return dict.fromkeys(incarnations, RUNNING)
 
     def stop(self, incarnation: str) -> None:
         return None
@@ -209,7 +214,7 @@ NAMED = "/snapshots/{resource}"
 # Declared, and real, but not brought about below: a throttled store (a 503 everywhere, see
 # test_faults.py) and a teardown that loses to a concurrent rotation (a 409).
 NOT_BROUGHT_ABOUT = {
-    ("seed", "POST", "/seed", 503),
+    ("seed", "POST", "/keepalive", 503),
     ("receipt", "POST", "/receipt", 503),
     ("slot_evidence", "POST", "/slot-evidence", 503),
     ("rotation", "POST", "/snapshots", 503),
@@ -270,6 +275,16 @@ def test_every_real_answer_conforms_to_the_generated_document(
     claim, identity = owner().model_dump(), seed().model_dump()
     again = {"slot": seeded.slot, "seed": identity, "claim": claim, "origin": ORIGIN}
     assert send("seed", "POST", "/seed", 200, body=again)["from"] == "checkout-0001"
+    # A resume whose checkpoint R2 does not hold: the work is gone, said so (200).
+    parked = stored_in(Lifecycle(stack.table), "parked-slot", State.PARKED)
+    resume = again | {"slot": parked.slot}
+    assert send("seed", "POST", "/seed", 200, body=resume)["step"] == "resume"
+
+    kept = {"slot": seeded.slot, "claim": claim}
+    assert send("seed", "POST", "/keepalive", 200, body=kept)["state"] == "seeded"
+    send("seed", "POST", "/keepalive", 409, body=kept | {"claim": None})
+    send("seed", "POST", "/keepalive", 400, body=kept | {"seed": identity})
+    send("seed", "POST", "/keepalive", 415, **not_json)
 
     receipt = body_of("receipt") | {"incarnation": seeding["incarnation"]}
     send("receipt", "POST", "/receipt", 200, body=receipt)
@@ -314,6 +329,7 @@ def test_every_real_answer_conforms_to_the_generated_document(
     # R2 refuses every deletion: the records are gone, the objects owed, the DELETE retried.
     bucket = stack.r2_settings.bucket or ""
     monkeypatch.setenv("SEEDKEEPER_R2_BUCKET", f"{bucket}-gone")
+    send("seed", "POST", "/seed", 503, body=resume)  # no bucket: never a lost checkpoint
     owed = send("rotation", "DELETE", NAMED, 503, path_parameters=resource)
     assert len(owed["pending"]) == 2
     monkeypatch.setenv("SEEDKEEPER_R2_BUCKET", bucket)
@@ -324,6 +340,7 @@ def test_every_real_answer_conforms_to_the_generated_document(
     # A table that is not there: every store error is a 500 that says nothing more.
     monkeypatch.setenv("SEEDKEEPER_TABLE", "no-such-table")
     send("seed", "POST", "/seed", 500, body=body_of("seed-cold"))
+    send("seed", "POST", "/keepalive", 500, body=kept)
     send("receipt", "POST", "/receipt", 500, body=receipt)
     send("slot_evidence", "POST", "/slot-evidence", 500, body=body_of("slot-evidence"))
     send("rotation", "POST", "/snapshots", 500, body=snapshot)

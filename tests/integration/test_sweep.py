@@ -1,12 +1,12 @@
 """The idle sweep against moto's DynamoDB: the full decision matrix with real conditional
 writes, touches racing the fence, records it may not write, its cost, its cursor, its
-metrics, and the ledger debts it pays."""
+metrics, the tasks it asks about in batches, and the ledger debts it pays."""
 
 from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -18,6 +18,7 @@ from builders import EXPIRED, IDLE, INCARNATION, NOW, stored_in, written
 from conftest import Stack
 from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.domain import transitions
+from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import (
@@ -28,7 +29,7 @@ from seedkeeper.domain.record import (
     encode,
     slot_key,
 )
-from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
 from seedkeeper.domain.snapshots import Archive, NewSnapshot, Rotation, plan_rotation
 from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.services.sweep import Sweeper, SweepSettings
@@ -45,25 +46,35 @@ FAR = EXPIRED + 100_000
 
 @dataclass
 class FakeRuntime:
-    """Answers each incarnation's status as the row says; a row marked `touched` gets a
+    """Answers each incarnation's state as the row says; a row marked `touched` gets a
     poll exactly while the sweep asks (a request racing the fence in the same tick)."""
 
-    statuses: dict[str, TaskStatus] = field(default_factory=dict)
+    states: dict[str, TaskState] = field(default_factory=dict)
     on_status: dict[str, Callable[[], None]] = field(default_factory=dict)
-    asked: list[str] = field(default_factory=list)
+    asked: list[list[str]] = field(default_factory=list)  # each batch asked, in order
     stopped: list[str] = field(default_factory=list)
 
     def launch(self, plan: Any) -> str:
         raise AssertionError("the sweep never launches")
 
     def status(self, incarnation: str) -> TaskStatus:
-        self.asked.append(incarnation)
-        if incarnation in self.on_status:
-            self.on_status[incarnation]()
-        return self.statuses.get(incarnation, TaskStatus.UNKNOWN)
+        raise AssertionError("the sweep asks a page's tasks in one batch")
+
+    def statuses(self, incarnations: Sequence[str]) -> dict[str, TaskState]:
+        self.asked.append(list(incarnations))
+        for incarnation in incarnations:
+            if incarnation in self.on_status:
+                self.on_status[incarnation]()
+        return {incarnation: self.states.get(incarnation, UNKNOWN) for incarnation in incarnations}
 
     def stop(self, incarnation: str) -> None:
         self.stopped.append(incarnation)
+
+
+SPOT = TaskState.stopped("SpotInterruption", "Your Spot Task was interrupted.")
+RETENTION = RetentionSettings()
+# The states whose idle, quiet slots the sweep acts on as their task says.
+WAITS_ON_THE_TASK = {State.UNSEEDED, State.SEEDED, State.CHECKPOINTING, State.CHECKPOINTED}
 
 
 def touch(lifecycle: Lifecycle, record: SlotRecord, until: int) -> None:
@@ -87,7 +98,9 @@ def sweeper(
         lifecycle=Lifecycle(table),
         runtime=lambda: runtime,
         snapshots=None,
+        r2=None,
         settings=SweepSettings(page_size=page_size, max_items=max_items),
+        retention=RETENTION,
         clock=lambda: EXPIRED + 1,
     )
 
@@ -103,6 +116,8 @@ def final_state(
         return State.RETIRED
     if state is State.SEEDED and acts and status is TaskStatus.RUNNING:
         return State.CHECKPOINTING  # asked to checkpoint; nothing stopped
+    if state in {State.SEEDED, State.CHECKPOINTING} and acts and status is TaskStatus.STOPPED:
+        return State.LOST  # its work went with the task: recorded, never hidden
     if state is State.CHECKPOINTED and acts and status is not TaskStatus.UNKNOWN:
         return State.PARKED
     return state
@@ -113,8 +128,11 @@ def test_the_whole_matrix_stops_only_what_the_design_permits(
 ) -> None:
     runtime = FakeRuntime()
     rows = {}
-    for index, (state, expired, unsettled, touched, status) in enumerate(
-        itertools.product(LIVE, [True, False], [True, False], [True, False], list(TaskStatus))
+    waiting: set[str] = set()
+    for index, (state, expired, unsettled, touched, task) in enumerate(
+        itertools.product(
+            LIVE, [True, False], [True, False], [True, False], [RUNNING, UNKNOWN, SPOT]
+        )
     ):
         slot = f"row-{index}"
         incarnation = f"local:{slot}:1"
@@ -129,39 +147,52 @@ def test_the_whole_matrix_stops_only_what_the_design_permits(
             )
         if not expired and state is not State.CLOSING:
             touch(lifecycle, record, FAR)
-        runtime.statuses[incarnation] = status
+        runtime.states[incarnation] = task
         if touched and state is not State.CLOSING:
             current = lifecycle.read(slot)
             assert isinstance(current, Supported)
             runtime.on_status[incarnation] = partial(touch, lifecycle, current.record, FAR)
-        rows[slot] = (state, final_state(state, expired, unsettled, touched, status))
+        rows[slot] = (state, final_state(state, expired, unsettled, touched, task.status))
+        if state in WAITS_ON_THE_TASK and expired and not unsettled:
+            waiting.add(slot)
 
     report = sweeper(table, runtime).sweep()
 
-    ended = {slot for slot, (_, final) in rows.items() if final in {State.RETIRED, State.PARKED}}
+    stopped = {slot for slot, (_, final) in rows.items() if final in {State.RETIRED, State.PARKED}}
     assert set(report.stopped) == {s for s, (_, f) in rows.items() if f is State.RETIRED}
     assert set(report.parked) == {s for s, (_, f) in rows.items() if f is State.PARKED}
+    assert set(report.lost) == {s for s, (_, f) in rows.items() if f is State.LOST}
     assert set(report.checkpoints_requested) == {
         s for s, (_, f) in rows.items() if f is State.CHECKPOINTING and rows[s][0] is State.SEEDED
     }
-    assert sorted(runtime.stopped) == sorted(f"local:{slot}:1" for slot in ended)
+    assert sorted(runtime.stopped) == sorted(f"local:{slot}:1" for slot in stopped)
+    # One batch for the page, and only the tasks a decision waits on.
+    (asked,) = runtime.asked
+    assert sorted(asked) == sorted(f"local:{slot}:1" for slot in waiting)
     for slot, (_, final) in rows.items():
         current = lifecycle.read(slot)
         assert isinstance(current, Supported)
         record = current.record
         assert record.state is final, slot
-        if final in {State.RETIRED, State.PARKED}:
+        if final in {State.RETIRED, State.PARKED, State.LOST}:
             assert "sweep" not in (table.get_item(Key=slot_key(slot))["Item"])
         if final is State.PARKED:
             assert record.checkpoint is not None
             assert record.expires_at is not None
             assert record.expires_at >= record.checkpoint.expires_at
+        if final is State.LOST:
+            assert record.loss is not None
+            assert (record.loss.reason, record.loss.detail) == (SPOT.reason, SPOT.detail)
+            assert record.loss.at == EXPIRED + 1
+            assert record.expires_at == EXPIRED + 1 + RETENTION.park_retention
+            assert record.window.unsettled == 0  # an open checkpoint is settled `lost`
     assert report.left["task-stopped"] > 0
     emitted = [
         json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line
     ]
     reasons = {m["reason"]: m["SlotsRetained"][0] for m in emitted if "SlotsRetained" in m}
     assert reasons == dict(report.retained)
+    assert [m["SlotsLost"][0] for m in emitted if "SlotsLost" in m] == [len(report.lost)]
 
 
 def test_a_retained_reason_is_written_once(table: Table, lifecycle: Lifecycle) -> None:
@@ -199,7 +230,9 @@ def test_a_runtime_that_cannot_be_built_leaves_every_task_unknown(
         lifecycle=lifecycle,
         runtime=unavailable,
         snapshots=None,
+        r2=None,
         settings=SweepSettings(),
+        retention=RETENTION,
         clock=lambda: EXPIRED + 1,
     ).sweep()
     assert report.retained == {"task-unknown": 1}
@@ -225,7 +258,7 @@ def test_records_it_may_not_write_are_retained_untouched(
     table.put_item(Item=future)
     broken = table.get_item(Key=slot_key("broken"))["Item"] | {"rev": "seven"}
     table.put_item(Item=broken)
-    runtime = FakeRuntime(statuses={"local:future:1": TaskStatus.RUNNING})
+    runtime = FakeRuntime(states={"local:future:1": RUNNING})
     report = sweeper(table, runtime).sweep()
     assert report.retained == {"record-unsupported": 1, "record-malformed": 1}
     assert report.stopped == []
@@ -257,7 +290,7 @@ def bulk(table: Table, count: int, *, expired: int) -> None:
 
 def test_the_sweep_reads_the_expired_slots_not_the_table(table: Table) -> None:
     bulk(table, 10_000, expired=100)
-    runtime = FakeRuntime(statuses={f"local:bulk-{i}:1": TaskStatus.RUNNING for i in range(100)})
+    runtime = FakeRuntime(states={f"local:bulk-{i}:1": RUNNING for i in range(100)})
     report = sweeper(table, runtime, page_size=100).sweep()
     assert len(report.stopped) == 100
     assert report.read <= 100 + 100 + 1  # the expired items, at most one more page, the cursor
@@ -303,7 +336,9 @@ def test_the_sweep_pays_the_ledger(stack: Stack) -> None:
         lifecycle=Lifecycle(stack.table),
         runtime=FakeRuntime,
         snapshots=service,
+        r2=stack.r2,
         settings=SweepSettings(),
+        retention=RETENTION,
         clock=lambda: NOW + 10,
     ).sweep()
     assert report.debts_paid == 1

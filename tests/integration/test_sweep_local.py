@@ -17,6 +17,7 @@ import pytest
 from functions import Context, event, load_function
 from repos import tree
 from seedkeeper.domain import transitions
+from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import State
@@ -98,7 +99,9 @@ def test_only_positively_unseeded_idle_slots_are_stopped(
         lifecycle=lifecycle,
         runtime=lambda: slots.runtime,
         snapshots=None,
+        r2=None,
         settings=SweepSettings(),
+        retention=RetentionSettings(),
         clock=lambda: LATER,
     ).sweep()
 
@@ -137,6 +140,7 @@ def test_the_scheduled_function_sweeps_with_the_configured_runtime(slots: Slots)
         "stopped": [],
         "checkpoints_requested": [],
         "parked": [],
+        "lost": [],
         "retained": {},
         "left": {},
         "finished": True,

@@ -1,5 +1,6 @@
 """The slot task under faults, through the seed function with real slot tasks: killed at
-each step of its restore, and facing an R2 that errs, resets or stalls.
+each step of its restore (its workspace goes with it, as a Fargate task's storage does, and
+the next attempt restores into a fresh one), and facing an R2 that errs, resets or stalls.
 
 A kill is made deterministic without any hook in the task: a sitecustomize first on the
 task's PYTHONPATH blocks its main thread where the test says (the entry to or the return
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from repos import git, tree
+from repos import git
 from seedkeeper.domain import transitions
 from seedkeeper.domain.record import State
 from seedkeeper.domain.refused import Refused
@@ -42,7 +43,7 @@ if "TASK_BLOCK_AT" in os.environ:
     sys.setprofile(_block)
 """
 
-# step -> (where the task blocks, what the kill leaves in the workspace)
+# step -> (where the task blocks, what it has left in the workspace there)
 KILLS = {
     # every byte written and hashed, the size and sha256 not yet compared
     "verify": ("return:_Job._wait", f"{STATE_DIR}/downloads/checkout.sqsh"),
@@ -69,9 +70,10 @@ def task_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def kill_at(
     step: str, slots: Slots, body: dict[str, Any], hooks: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> Path:
     """Seed `body`, kill its task on reaching `step`, and check what holds while it is
-    blocked and once it is dead: the slot is retained, seeding, its restore unsettled."""
+    blocked and once it is dead: the slot is retained, seeding, its restore unsettled, and
+    the task's workspace (the debris it held) is gone. Answers that workspace."""
     slot = body["slot"]
     reached = hooks / f"{slot}.reached"
     monkeypatch.setenv("TASK_BLOCK_AT", KILLS[step][0])
@@ -83,10 +85,12 @@ def kill_at(
     polled = slots.seed(body)  # the task is alive: the same attempt, no second task
     assert polled == (202, answer)
     assert slots.attempts(slot) == ["attempt-1.json"]
+    workspace = slots.workspace(slot)
+    assert list(workspace.glob(KILLS[step][1])), "the step left nothing to be debris"
     monkeypatch.delenv("TASK_BLOCK_AT")  # the next attempt runs through
     slots.kill(answer["incarnation"])
 
-    assert list(slots.workspace(slot).glob(KILLS[step][1])), "the kill left no debris"
+    assert not workspace.exists(), "the killed task's workspace went with it"
     record = slots.record(slot)
     assert (record.state, record.attempt) == (State.SEEDING, 1)
     assert record.window.unsettled == 1  # the detached restore: the sweep retains the slot
@@ -94,6 +98,7 @@ def kill_at(
         transitions.FENCE.decide(record, transitions.At(now=record.idle_deadline + 1)),
         Refused,
     )
+    return workspace
 
 
 def retry(slots: Slots, body: dict[str, Any]) -> tuple[int, Any]:
@@ -107,59 +112,20 @@ def retry(slots: Slots, body: dict[str, Any]) -> tuple[int, Any]:
     return settled
 
 
-def bind(slots: Slots, body: dict[str, Any]) -> None:
-    """Leave a checkout bound to the body's owner, as a writer could: add a checkout and a
-    marker naming the seed and owner where the killed task left none."""
-    workspace = slots.workspace(body["slot"])
-    if not (workspace / CHECKOUT).exists():
-        (workspace / CHECKOUT).mkdir()
-        (workspace / CHECKOUT / "work.txt").write_text("unpublished work\n")
-    marker = workspace / STATE_DIR / MARKER
-    if not marker.exists():
-        marker.parent.mkdir(exist_ok=True)
-        bound = {
-            "slot": body["slot"],
-            "attempt": 1,
-            "seed": body["seed"],
-            "owner": body["claim"],
-            "origin": body["origin"],
-            "head": body["seed"]["sha"],
-        }
-        marker.write_text(Marker.model_validate(bound).model_dump_json())
-    assert Marker.model_validate_json(marker.read_text()).owner is not None
-
-
 @pytest.mark.parametrize("step", KILLS)
-def test_a_task_killed_at_a_step_stays_seeding_and_the_next_attempt_spares_a_bound_checkout(
-    step: str, slots: Slots, repo: Path, task_hooks: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    body = slots.body(slots.publish(repo), slot=f"killed-{step}")
-    kill_at(step, slots, body, task_hooks, monkeypatch)
-    bind(slots, body)
-    workspace = slots.workspace(body["slot"])
-    before = tree(workspace)
-
-    status, answer = retry(slots, body)
-    assert (status, *verdict(answer)) == (200, False, "seed-failed", "sweep")
-    assert answer["detail"] == "the workspace holds a bound checkout"
-    assert tree(workspace) == before  # refused before anything was removed
-    record = slots.record(body["slot"])
-    assert (record.state, record.attempt) == (State.SEED_FAILED, 2)
-    assert [entry.status.value for entry in record.window.entries] == ["unknown", "settled"]
-
-
-@pytest.mark.parametrize("step", ["verify", "extract", "fixup"])
-def test_a_task_killed_before_its_marker_leaves_debris_the_next_attempt_sweeps(
+def test_a_task_killed_at_a_step_stays_seeding_and_the_next_attempt_restores_afresh(
     step: str, slots: Slots, repo: Path, task_hooks: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seed = slots.publish(repo)
     body = slots.body(seed, slot=f"killed-{step}")
-    kill_at(step, slots, body, task_hooks, monkeypatch)
+    killed = kill_at(step, slots, body, task_hooks, monkeypatch)
 
     slot = body["slot"]
     status, answer = retry(slots, body)
     assert (status, answer["seeded"], answer["incarnation"]) == (200, True, f"local:{slot}:2")
     workspace = slots.workspace(slot)
+    assert workspace != killed
+    assert not killed.exists()
     assert git(workspace / CHECKOUT, "rev-parse", "HEAD") == seed["sha"]
     assert Marker.model_validate_json((workspace / STATE_DIR / MARKER).read_text()).attempt == 2
     assert not (workspace / STATE_DIR / "downloads").exists()

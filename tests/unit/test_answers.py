@@ -23,7 +23,7 @@ from seedkeeper.errors import (
 )
 from seedkeeper.services.receipts import NO_MATCH, Witness
 from seedkeeper.services.rotation import RECORD_REFUSALS, Snapshots
-from seedkeeper.services.seed import REFUSALS, SeedService
+from seedkeeper.services.seed import KEEPALIVE_REFUSALS, REFUSALS, SeedService
 from seedkeeper.store.snapshots import Lost
 
 
@@ -37,6 +37,7 @@ def returned(method: object) -> set[str]:
 def test_every_outcome_a_service_returns_has_a_status() -> None:
     services = [
         SeedService.seed,
+        SeedService.keepalive,
         Witness.receipt,
         Witness.evidence,
         Snapshots.record,
@@ -92,5 +93,5 @@ def test_every_refusal_a_service_makes_has_a_status() -> None:
     # A rotation's transaction lost on a condition: SnapshotRefused but for "conflict".
     lost = set(typing.get_args(typing.get_type_hints(Lost)["why"])) - {"conflict"}
     assert lost | {"backup-id-reused"} == set(RECORD_REFUSALS)
-    declared = {NO_MATCH, *REFUSALS, *RECORD_REFUSALS}
+    declared = {NO_MATCH, *REFUSALS, *KEEPALIVE_REFUSALS, *RECORD_REFUSALS}
     assert written | touch | errors | declared <= set(answers.REFUSALS)

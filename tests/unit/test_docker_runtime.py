@@ -1,6 +1,7 @@
-"""The Docker runtime's side of a launch, with a `docker` on PATH that records what it was
-given: the plan's presigned URLs reach the container's environment, never an argv (which
-any local user reads in /proc), and only the task definition's variables go along."""
+"""The Docker runtime's side of a launch and of a status, with a `docker` on PATH that
+records what it was given: the plan's presigned URLs reach the container's environment,
+never an argv (which any local user reads in /proc), and only the task definition's
+variables go along; a page's containers are inspected at once, a stopped one says why."""
 
 from __future__ import annotations
 
@@ -13,17 +14,28 @@ from pydantic import SecretStr
 
 from seedkeeper.domain.opwindow import Actor, OpRef
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
 from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper_tools.local.docker import DockerRuntime
 
 SIGNED_URL = "https://r2.example/signed?X-Amz-Signature=abc"
 # Records its argv and environment, then answers as `docker run --detach` does, or fails
-# with Docker's message when FAKE_DOCKER_ANSWER says so.
+# with Docker's message when FAKE_DOCKER_ANSWER says so. `inspect --type container`
+# answers as Docker does from the containers FAKE_DOCKER_CONTAINERS holds (JSON, by name):
+# those it knows, and an error for each other.
 FAKE_DOCKER = """#!/usr/bin/env python3
 import json, os, sys
 with open(os.environ["FAKE_DOCKER_CALLS"], "a") as calls:
     calls.write(json.dumps({"argv": sys.argv[1:], "environment": dict(os.environ)}) + "\\n")
+if sys.argv[1:3] == ["inspect", "--type"] and "FAKE_DOCKER_CONTAINERS" in os.environ:
+    with open(os.environ["FAKE_DOCKER_CONTAINERS"]) as listed:
+        known = json.load(listed)
+    names = sys.argv[4:]
+    print(json.dumps([known[name] for name in names if name in known]))
+    for name in names:
+        if name not in known:
+            sys.stderr.write(f"Error: No such container: {name}\\n")
+    sys.exit(1 if set(names) - set(known) else 0)
 answer = os.environ.get("FAKE_DOCKER_ANSWER", "")
 if answer:
     sys.stderr.write(answer + "\\n")
@@ -48,9 +60,9 @@ def recorded(calls: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in calls.read_text().splitlines()]
 
 
-def plan() -> SlotPlan:
+def plan(slot: str = "slot-1") -> SlotPlan:
     return SlotPlan(
-        slot="slot-1",
+        slot=slot,
         attempt=2,
         op=OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=2),
         checkout=SecretStr(SIGNED_URL),
@@ -151,3 +163,60 @@ def test_a_container_that_exists_but_cannot_start_is_unavailable_not_a_task(
         DockerRuntime(tmp_path).launch(plan())
     asked = [call["argv"] for call in recorded(calls)]
     assert [argv[0] for argv in asked if isinstance(argv, list)] == ["run", "inspect", "start"]
+
+
+def inspected(name: str, status: str, exit_code: int = 0, **more: object) -> dict[str, object]:
+    """A container as `docker inspect` shows it (the fields read here)."""
+    state = {"Status": status, "ExitCode": exit_code, "OOMKilled": False, "Error": ""}
+    return {"Name": f"/{name}", "State": state | more}
+
+
+def test_statuses_inspect_a_pages_containers_at_once_and_a_stopped_one_says_why(
+    calls: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = DockerRuntime(tmp_path)
+    running, crashed, killed, ended, removed = (
+        runtime.launch(plan(slot)) for slot in ("running", "crashed", "oom", "ended", "removed")
+    )
+    other_stack = DockerRuntime(tmp_path / "elsewhere").launch(plan("other"))
+    name = {
+        incarnation: incarnation.removeprefix("docker:")
+        for incarnation in (running, crashed, killed, ended)
+    }
+    containers = {
+        name[running]: inspected(name[running], "running"),
+        name[crashed]: inspected(name[crashed], "exited", 1, Error="exec format error"),
+        name[killed]: inspected(name[killed], "exited", 137, OOMKilled=True),
+        name[ended]: inspected(name[ended], "dead", 143),
+    }
+    listed = tmp_path / "containers.json"
+    listed.write_text(json.dumps(containers))
+    monkeypatch.setenv("FAKE_DOCKER_CONTAINERS", str(listed))
+    calls.unlink()
+
+    states = runtime.statuses([running, crashed, killed, ended, removed, other_stack, "local:x:1"])
+
+    [inspect] = [call["argv"] for call in recorded(calls)]
+    assert inspect == [
+        "inspect", "--type", "container",
+        *(i.removeprefix("docker:") for i in (running, crashed, killed, ended, removed)),
+    ]  # fmt: skip
+    assert states == {
+        running: RUNNING,
+        crashed: TaskState(TaskStatus.STOPPED, "task-stopped", "exit code 1; exec format error"),
+        killed: TaskState(TaskStatus.STOPPED, "oom-killed", "exit code 137"),
+        ended: TaskState(TaskStatus.STOPPED, "task-stopped", "exit code 143"),
+        removed: UNKNOWN,  # Docker no longer knows it: never a reason to call it stopped
+        other_stack: UNKNOWN,
+        "local:x:1": UNKNOWN,
+    }
+    assert runtime.status(killed) is TaskStatus.STOPPED
+
+
+def test_an_engine_that_does_not_answer_knows_nothing_of_any_task(
+    calls: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = DockerRuntime(tmp_path)
+    incarnation = runtime.launch(plan())
+    monkeypatch.setenv("FAKE_DOCKER_ANSWER", "Cannot connect to the Docker daemon.")
+    assert runtime.statuses([incarnation]) == {incarnation: UNKNOWN}

@@ -41,7 +41,12 @@ READS: dict[str, tuple[type[BaseSettings], ...]] = {
     "checkpoint": (StoreSettings, R2Settings, RetentionSettings),
     "idle_sweep": (StoreSettings, R2Settings, RuntimeSettings, SweepSettings),
 }
-SLOT_TASK_READS: tuple[type[BaseSettings], ...] = (StoreSettings, TaskSettings, CheckpointSettings)
+SLOT_TASK_READS: tuple[type[BaseSettings], ...] = (
+    StoreSettings,
+    TaskSettings,
+    CheckpointSettings,
+    RetentionSettings,  # a lost slot's record is kept as long as a park would be
+)
 WITH_URL = {"seed", "receipt", "slot_evidence", "rotation", "checkpoint"}
 NEVER_TOUCH_THE_RUNTIME = {"receipt", "slot_evidence", "checkpoint"}
 # The one function a slot task may call (through its URL), and the one principal that may.
@@ -79,6 +84,7 @@ TABLE_ACCESS: dict[str, set[tuple[str, str]]] = {
     },
     "SlotTaskRole": {
         ("dynamodb:GetItem", "table"),
+        ("dynamodb:PutItem", "table"),  # a resumed settle's debt, slot items only
         ("dynamodb:UpdateItem", "table"),
         ("dynamodb:Query", "table"),
     },
@@ -699,3 +705,16 @@ def test_every_function_logs_to_a_log_group_of_its_own(template: Template) -> No
     assert functions(template)["checkpoint"]["LoggingConfig"] == {
         "LogGroup": {"Ref": "CheckpointLogGroup"}
     }
+
+
+def test_the_slot_task_puts_only_slot_items(template: Template) -> None:
+    """The task writes a resumed settle's debt beside its slot record, nothing else: a
+    PutItem that could name a resident's key could forge a snapshot record."""
+    puts = [
+        statement
+        for statement in statements(template)[TASK_ROLE]
+        if "dynamodb:PutItem" in as_list(statement["Action"])
+    ]
+    assert [statement["Condition"] for statement in puts] == [
+        {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["SLOT#*"]}}
+    ]

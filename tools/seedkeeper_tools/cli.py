@@ -45,9 +45,9 @@ from seedkeeper.domain.record import (
 )
 from seedkeeper.domain.snapshots import Snapshot
 from seedkeeper.errors import SeedkeeperError
-from seedkeeper.store.listing import Listing, SlotListing
 from seedkeeper_tools.demo import run_demo
 from seedkeeper_tools.infra import create_table, load_template
+from seedkeeper_tools.listing import Listing, SlotListing
 from seedkeeper_tools.local.docker import DEFAULT_IMAGE
 from seedkeeper_tools.local.gateway import LocalCredentials
 from seedkeeper_tools.local.stack import LocalStack

@@ -1,8 +1,9 @@
 """The executor's side: `SeedkeeperClient` signs every request with SigV4 (service
 `lambda`), as function URLs with `AWS_IAM` auth require, and checks what comes back.
 
-A claimed seed answer must echo the claim and carry an incarnation; anything else raises.
-It never falls back to treating a claimed slot as cold.
+A claimed seed answer (a resumed one too) must echo the claim and carry an incarnation; a
+keepalive answer must be about the slot kept alive; anything else raises. It never falls
+back to treating a claimed slot as cold.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from seedkeeper.domain.models import OwnerClaim, SeedIdentity
 from seedkeeper.domain.outcomes import (
     Cold,
     Evidence,
+    KeptAlive,
     NotSeeded,
     Payment,
     Receipt,
@@ -35,6 +37,7 @@ from seedkeeper_task import function_url
 # The function answering each path, when each function has its own URL.
 FUNCTIONS = {
     "/seed": "seed",
+    "/keepalive": "seed",
     "/receipt": "receipt",
     "/slot-evidence": "slot_evidence",
     "/snapshots": "rotation",
@@ -84,7 +87,9 @@ class SeedkeeperClient:
         timeout: float = FINAL_TIMEOUT,
         interval: float = 0.5,
     ) -> SeedAnswer:
-        """Seed (or poll) `slot`; with `wait`, poll until the answer is final."""
+        """Seed (or poll) `slot`; with `wait`, poll until the answer is final. The same call
+        on the owner's parked slot resumes it from its checkpoint (`resumed` in the answer;
+        `Seeded.from_` is then "checkpoint")."""
         body = {
             "slot": slot,
             "seed": seed.model_dump(mode="json", exclude_none=True) if seed else None,
@@ -99,6 +104,12 @@ class SeedkeeperClient:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"slot {slot} still seeding after {timeout}s")
             time.sleep(interval)
+
+    def keepalive(self, slot: str, claim: OwnerClaim | None) -> KeptAlive:
+        """Extend `slot`'s idle deadline without a seed body (`claim` None: a cold slot's).
+        A slot being checkpointed is asked back, as a poll asks: `frozen` until it runs."""
+        body = {"slot": slot, "claim": claim.model_dump(mode="json") if claim else None}
+        return self._kept_alive(self._call("POST", "/keepalive", body), slot, claim)
 
     def receipt(
         self, slot: str, *, claim: OwnerClaim, seed: SeedIdentity, incarnation: str
@@ -148,6 +159,15 @@ class SeedkeeperClient:
         if claim is not None and (parsed.claim != claim or not parsed.incarnation):
             raise ClaimNotEchoed("the seed answer does not echo this claim with an incarnation")
         return parsed
+
+    @staticmethod
+    def _kept_alive(text: bytes, slot: str, claim: OwnerClaim | None) -> KeptAlive:
+        """An answer about another slot, or that does not echo the claim, proves nothing
+        about this one."""
+        answer = KeptAlive.model_validate_json(text)
+        if answer.slot != slot or answer.claim != claim:
+            raise ClaimNotEchoed("the keepalive answer does not echo this slot and claim")
+        return answer
 
     def _url(self, path: str, function: str | None) -> str:
         if isinstance(self._urls, str):

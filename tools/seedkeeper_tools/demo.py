@@ -6,8 +6,12 @@ uncommitted work in the seeded checkout, lets a short idle window pass and sweep
 slot is stopped, the seeded one is asked to checkpoint; its slot task freezes the sandbox,
 captures the checkout and uploads it, the checkpoint function verifies and records it; the
 next sweep parks the slot (its task stopped); the work is then read back from R2 and
-checked. It rotates twice and shows the generations. It prints each step's outcome and
-timing, and exits 0 only when every outcome is what the protocol requires.
+checked. The owner's next seed resumes the slot from its checkpoint with the work intact,
+and a sweep deletes the superseded checkpoint. A platform stop (SIGTERM, as Spot sends)
+makes the slot task checkpoint and park its slot itself; a crash (SIGKILL: nothing can be
+saved) is found by the sweep and recorded `lost`, which the receipt says. It rotates twice
+and shows the generations. It prints each step's outcome and timing, and exits 0 only when
+every outcome is what the protocol requires.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ from seedkeeper_tools.publish import backup_id_for, head_of, upload_archive
 RESOURCE = "demo-widgets"
 ORIGIN = "https://git.example.com/demo/widgets.git"
 IDLE_WINDOW = 3
+UNPUBLISHED = "work nobody has pushed yet\n"
+# A platform stop's SIGKILL comes this long after its SIGTERM (Fargate's stopTimeout is 120 s).
+STOP_GRACE = 60.0
 
 
 @dataclass
@@ -140,15 +147,18 @@ class Demo:
 
         self.step("a receipt (no checkpoint yet: unknown, never a guess)", receipt)
         self.step("slot evidence (retained, never a stop permit)", evidence)
-        self._park(client, seed, claim, incarnation)
+        before = self._park(client, seed, claim, incarnation)
+        self._resume(client, seed, claim, before)
+        self._platform_stop(client, seed, claim)
+        self._crash(client, seed, claim)
         self._rotate(client, repo, r2)
 
     def _park(
         self, client: SeedkeeperClient, seed: SeedIdentity, claim: OwnerClaim, incarnation: str
-    ) -> None:
-        """Uncommitted work, idle: checkpointed, verified, parked, and intact in R2."""
-        checkout = self.stack.workspace("demo-seeded") / CHECKOUT
-        self._leave_work(checkout)
+    ) -> str:
+        """Uncommitted work, idle: checkpointed, verified, parked, and intact in R2. Returns
+        the work's `git status`."""
+        checkout = self._leave_work("demo-seeded")
         before = _git_output(checkout, "status", "--porcelain")
 
         def sweep() -> tuple[str, bool]:
@@ -195,6 +205,99 @@ class Demo:
             return f"sha256 verified={verified}, git status as before={same}", same and bool(work)
 
         self.step("the work, read back from R2, is intact", intact)
+        return before
+
+    def _resume(
+        self, client: SeedkeeperClient, seed: SeedIdentity, claim: OwnerClaim, before: str
+    ) -> None:
+        """The owner comes back: the same seed call resumes the parked slot."""
+        parked = self._record("demo-seeded")
+        superseded = parked.checkpoint.key if parked and parked.checkpoint else ""
+
+        def resumed() -> tuple[str, bool]:
+            answer = client.seed("demo-seeded", seed, claim=claim, origin=ORIGIN, wait=True)
+            if not isinstance(answer, Seeded):
+                return f"not seeded: {answer}", False
+            checkout = self.stack.workspace("demo-seeded") / CHECKOUT
+            same = _git_output(checkout, "status", "--porcelain") == before
+            work = (checkout / "UNPUBLISHED.md").read_text() == UNPUBLISHED
+            text = (
+                f"resumed={answer.resumed} from={answer.from_} in {answer.ms} ms, "
+                f"{answer.incarnation}; git status as before={same}"
+            )
+            return text, answer.resumed and answer.from_ == "checkpoint" and same and work
+
+        self.step("the owner's next seed resumes it from the checkpoint", resumed)
+
+        def superseded_deleted() -> tuple[str, bool]:
+            report = self._sweep()
+            gone = not _r2_has(superseded)
+            return f"debts paid={report.debts_paid}, old checkpoint gone={gone}", gone
+
+        self.step("a sweep deletes the superseded checkpoint", superseded_deleted)
+
+    def _platform_stop(
+        self, client: SeedkeeperClient, seed: SeedIdentity, claim: OwnerClaim
+    ) -> None:
+        """SIGTERM with no request of ours (Spot, retirement): the task saves and parks."""
+
+        def kept_alive() -> tuple[str, bool]:
+            answer = client.keepalive("demo-seeded", claim)
+            left = answer.idle_deadline - int(time.time())
+            return f"state={answer.state}, idle deadline in {left} s", answer.state == "seeded"
+
+        self.step("keepalive: a touch without a seed body", kept_alive)
+        checkout = self._leave_work("demo-seeded", "more work, as Spot reclaims the host\n")
+        before = _git_output(checkout, "status", "--porcelain")
+        incarnation = self._incarnation("demo-seeded")
+
+        def stopped() -> tuple[str, bool]:
+            runtime = self.stack.runtime
+            assert isinstance(runtime, LocalRuntime)
+            runtime.stop(incarnation, grace=STOP_GRACE)  # what ECS does: SIGTERM, then kill
+            record = self._record("demo-seeded")
+            checkpoint = record.checkpoint if record else None
+            if record is None or checkpoint is None or record.state is not State.PARKED:
+                return f"state={record.state if record else None}", False
+            answer = client.receipt("demo-seeded", claim=claim, seed=seed, incarnation=incarnation)
+            restored = self.root / "restored-after-stop"
+            verified = r2_object_verified(checkpoint.key, checkpoint.sha256, self.root, restored)
+            same = verified and _git_output(restored, "status", "--porcelain") == before
+            text = f"state={record.state} receipt={answer.checkpoint}, work intact={same}"
+            return text, answer.checkpoint == "present" and same
+
+        self.step("a platform stop (SIGTERM): the task checkpoints and parks", stopped)
+
+    def _crash(self, client: SeedkeeperClient, seed: SeedIdentity, claim: OwnerClaim) -> None:
+        """SIGKILL: nothing can be saved, and the loss is recorded, never hidden."""
+        crashed_claim = claim.model_copy(update={"run": "demo-run-2", "thread": "demo-thread-2"})
+
+        def seeded() -> tuple[str, bool]:
+            answer = client.seed("demo-crash", seed, claim=crashed_claim, origin=ORIGIN, wait=True)
+            ok = isinstance(answer, Seeded)
+            if ok:
+                self._leave_work("demo-crash")
+            return f"seeded={getattr(answer, 'seeded', None)}", ok
+
+        self.step("seed another slot and leave work in it", seeded)
+        incarnation = self._incarnation("demo-crash")
+
+        def lost() -> tuple[str, bool]:
+            runtime = self.stack.runtime
+            assert isinstance(runtime, LocalRuntime)
+            runtime.crash(incarnation)
+            time.sleep(IDLE_WINDOW + 1)
+            report = self._sweep()
+            record = self._record("demo-crash")
+            loss = record.loss if record else None
+            answer = client.receipt(
+                "demo-crash", claim=crashed_claim, seed=seed, incarnation=incarnation
+            )
+            why = f"{loss.reason} ({loss.detail})" if loss else "-"
+            text = f"lost={report.lost} {why}; receipt={answer.checkpoint}"
+            return text, report.lost == ["demo-crash"] and answer.checkpoint == "lost"
+
+        self.step("a crash (SIGKILL): the sweep records the loss", lost)
 
     def _rotate(self, client: SeedkeeperClient, repo: Path, r2: R2) -> None:
         def rotate() -> tuple[str, bool]:
@@ -211,15 +314,18 @@ class Demo:
     def _snapshot(self, repo: Path, r2: R2) -> NewSnapshot:
         return published_snapshot(repo, RESOURCE, self.root / "scratch", r2)
 
-    def _leave_work(self, checkout: Path) -> None:
-        """What a run leaves and never pushes: an edit, a new file, as the slot user."""
+    def _leave_work(self, slot: str, work: str = UNPUBLISHED) -> Path:
+        """What a run leaves and never pushes: an edit, a new file, as the slot user.
+        Returns the slot's checkout."""
+        checkout = self.stack.workspace(slot) / CHECKOUT
         (checkout / "README.md").write_text("# widgets\n\nedited, never committed\n")
-        (checkout / "UNPUBLISHED.md").write_text("work nobody has pushed yet\n")
+        (checkout / "UNPUBLISHED.md").write_text(work)
         runtime = self.stack.runtime
-        uid = runtime.slot_uid("demo-seeded") if isinstance(runtime, LocalRuntime) else None
+        uid = runtime.slot_uid(slot) if isinstance(runtime, LocalRuntime) else None
         if uid is not None:
             for name in ("README.md", "UNPUBLISHED.md"):
                 os.chown(checkout / name, uid, uid)
+        return checkout
 
     def _sweep(self) -> Report:
         with contextlib.redirect_stdout(io.StringIO()):  # its metrics, as EMF lines
@@ -281,8 +387,14 @@ def r2_object_verified(key: str, sha256: str, scratch: Path, target: Path) -> bo
     s3.download_file(settings.bucket or "", key, str(archive))
     if hashlib.sha256(archive.read_bytes()).hexdigest() != sha256:
         return False
-    subprocess.run(["unsquashfs", "-q", "-d", str(target), str(archive)], check=True)
+    unsquashfs = ["unsquashfs", "-q", "-no-progress", "-d", str(target), str(archive)]
+    subprocess.run(unsquashfs, check=True)
     return True
+
+
+def _r2_has(key: str) -> bool:
+    r2 = R2.from_settings(R2Settings(), budget=aws.TOOLS)
+    return r2.head(key) is not None
 
 
 def sample_repository(path: Path) -> Path:
@@ -317,9 +429,9 @@ def _git_output(repo: Path, *args: str) -> str:
 
 def run_demo() -> int:
     console = Console()
-    # The table tells the story: no log lines in between (slot tasks log to their own
-    # files under the data directory).
-    logger.setLevel("WARNING")
+    # The table tells the story: no log lines in between, not even the sweep's warning of
+    # the loss the demo causes (slot tasks log to their own files under the data directory).
+    logger.setLevel("ERROR")
     with tempfile.TemporaryDirectory(prefix="seedkeeper-demo-") as root:
         # Searchable, not listable: the slot user reaches its workspace through it.
         os.chmod(root, 0o711)  # noqa: S103 - search only, for the slot user

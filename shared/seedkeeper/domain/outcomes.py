@@ -66,6 +66,7 @@ SeedOutcome = Seeded | NotSeeded | Cold | Seeding | Refused
 
 class KeptAlive(Model):
     slot: str
+    claim: OwnerClaim | None  # echoed, as a seed's answer echoes it
     state: str
     idle_deadline: int
     # As for a seed's poll: the sandbox was stopped for a checkpoint and this touch asked for

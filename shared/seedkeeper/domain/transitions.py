@@ -747,7 +747,8 @@ def _checkpoint_on_stop(record: SlotRecord, stopping: Stopping) -> Decision:
 
 def _checkpoint_asked(record: SlotRecord, stopping: Stopping) -> Acknowledged | None:
     """Already asked (by the sweep, or by this task's earlier try): that op is the one."""
-    if record.state is not State.CHECKPOINTING or record.attempt != stopping.attempt:
+    own = record.attempt == stopping.attempt and record.incarnation == stopping.incarnation
+    if record.state is not State.CHECKPOINTING or not own:
         return None
     entry = next(
         (
@@ -824,7 +825,10 @@ def _lose(record: SlotRecord, lost: Lost) -> Decision:
     """The work is gone with the task: recorded, with why, kept as long as a park would
     have been. The stopped task's open checkpoint can no longer settle: it is settled
     `lost` here. A checkpointed slot whose checkpoint counts is parked, never lost."""
-    if record.state is State.CHECKPOINTED and _work_kept(record, lost.loss.at) is None:
+    counted = counts_for(
+        record.checkpoint, owner=record.owner, incarnation=record.incarnation, now=lost.loss.at
+    )
+    if record.state is State.CHECKPOINTED and counted:
         return Refused("checkpoint-counts")
     window = record.window
     for entry in window.entries:

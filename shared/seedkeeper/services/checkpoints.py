@@ -89,12 +89,18 @@ class CheckpointService:
         self._clock = clock
 
     def upload(self, call: Captured) -> UploadGrant | Refused:
-        """A presigned PUT for this op's key, only while the slot is being checkpointed."""
+        """A presigned PUT for this op's key, only while its checkpoint is open: the slot
+        being checkpointed, or seeded again by a poll while its sandbox is still frozen (a
+        task the platform is stopping never resumes it, and finishes what it captured)."""
         record = self._record(call)
         if isinstance(record, Refused):
             return record
-        if record.state is not State.CHECKPOINTING:
+        frozen_still = record.state is State.SEEDED and record.frozen_at is not None
+        if record.state is not State.CHECKPOINTING and not frozen_still:
             return Refused("checkpoint-not-open", f"the slot is {record.state}")
+        not_open = _not_open(record, call)
+        if not_open is not None:
+            return not_open
         if self._r2 is None:
             return Refused("r2-unconfigured")
         key = checkpoint_key(call.slot, call.incarnation, call.op.ordinal)

@@ -3,7 +3,10 @@
 The first call births the slot's record (before any effect), launches its task and records
 the incarnation. The same call again is the poll and the re-attach: one conditional update
 that extends the idle deadline and answers the current state, never a second task, never a
-touch of the checkout. Anyone else gets a 409 reason token and learns nothing more.
+touch of the checkout. On a parked slot it is the resume: a new attempt that restores the
+slot's own checkpoint. Anyone else gets a 409 reason token and learns nothing more.
+
+`POST /keepalive` is the poll without a seed body: the owner's claim alone, one update.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ from seedkeeper.adapters.runtime import SlotRuntime
 from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import IdleSettings
 from seedkeeper.domain.models import Binding, Model, Origin, OwnerClaim, SeedIdentity, SlotId
-from seedkeeper.domain.opwindow import OpRef
-from seedkeeper.domain.outcomes import Cold, NotSeeded, Seeded, Seeding, SeedOutcome
+from seedkeeper.domain.opwindow import OpKind, OpRef, OpStatus
+from seedkeeper.domain.outcomes import Cold, KeptAlive, NotSeeded, Seeded, Seeding, SeedOutcome
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import (
     SUCCEEDED_STATES,
     Absent,
+    Checkpoint,
     SeedFailed,
     SeedSucceeded,
     SlotRecord,
@@ -32,7 +36,8 @@ from seedkeeper.domain.record import (
 )
 from seedkeeper.domain.refused import Refused
 from seedkeeper.domain.runtime import TaskStatus
-from seedkeeper.domain.transitions import TOUCH, Acknowledged, Poll
+from seedkeeper.domain.transitions import KEEPALIVE, RESUME, TOUCH, Acknowledged, KeepAlive, Poll
+from seedkeeper.errors import R2Unavailable
 from seedkeeper.store.lifecycle import Conflict, Lifecycle, Unmet, Written
 from seedkeeper.store.snapshots import SnapshotStore
 
@@ -56,9 +61,29 @@ class SeedRequest(Model):
         return Binding(owner=self.claim, seed=self.seed, origin=self.origin)
 
 
+class KeepaliveRequest(Model):
+    slot: SlotId
+    claim: OwnerClaim | None  # None: a cold slot's (or an unclaimed seed's)
+
+
 # What a seed refuses with: a poll that is not the slot's own binding, or a closed slot
-# (TOUCH's checks), or a record this code may not write.
+# (TOUCH's checks), or a record this code may not write. A resume refuses with the same
+# checks first (RESUME's), and a checkpoint it cannot restore is a `NotSeeded`, not a
+# refusal (`_not_restorable`).
 REFUSALS = (*(check.reason for check in TOUCH.checks if check.reason), "record-unsupported")
+# A keepalive's: another owner's claim, a closed (or absent) slot, a record this code may
+# not write.
+KEEPALIVE_REFUSALS = (
+    *(check.reason for check in KEEPALIVE.checks if check.reason),
+    "record-unsupported",
+)
+
+
+def _not_restorable(detail: str) -> NotSeeded:
+    """The slot's checkpoint cannot be restored: said so to its owner, and nothing is
+    written (a parked slot stays parked until its record expires; a resume whose task died
+    stays seeding, retained, its checkpoint still named)."""
+    return NotSeeded(reason="seed-missing", step="resume", detail=detail)
 
 
 class SeedService:
@@ -92,10 +117,18 @@ class SeedService:
                 return self._attach(request, self._thawed(touched.record, poll))
             current = touched.current
             if isinstance(current, Supported):
-                refused = TOUCH.decide(current.record, poll)
-                if isinstance(refused, Refused):
-                    return refused
-                continue  # ours after all (a race): touch it again
+                record = current.record
+                refused = TOUCH.decide(record, poll)
+                if not isinstance(refused, Refused):
+                    continue  # ours after all (a race): touch it again
+                if record.state is State.PARKED:
+                    resumed = self._resume(record, poll)
+                    if resumed is None:
+                        continue  # moved meanwhile (another resume?): re-decide
+                    return resumed
+                if record.state is State.LOST and refused.reason == "slot-closed":
+                    return outcome_of(record)  # its own owner (the binding held): the loss
+                return refused
             if not isinstance(current, Absent):
                 return Refused("record-unsupported")
             born = self._birth(request)
@@ -113,6 +146,76 @@ class SeedService:
         # On the record the touch returned: one call unless someone moved in between.
         thawed = self._lifecycle.apply(record.slot, transitions.THAW, poll, as_read=record)
         return thawed.record if isinstance(thawed, Written | Acknowledged) else record
+
+    def keepalive(self, request: KeepaliveRequest) -> KeptAlive | Refused:
+        """The owner's touch without a seed body: one UpdateItem extending the idle
+        deadline (a second, `thaw`, only for a slot being checkpointed, as for a poll)."""
+        seeded = request.claim is not None  # a claimed slot is a seeded one, almost always
+        for _ in range(_ROUNDS):
+            now = self._clock()
+            keep = KeepAlive(request.claim, now=now, idle_deadline=now + self._settings.idle_window)
+            touched = self._lifecycle.keepalive(request.slot, keep, seeded=seeded)
+            if isinstance(touched, Written):
+                record = touched.record
+                # THAW checks the whole binding: the touched record's own (the claim held).
+                poll = Poll(record.binding, now=now, idle_deadline=keep.idle_deadline)
+                return kept_alive(self._thawed(record, poll))
+            current = touched.current
+            if isinstance(current, Absent):
+                return Refused("slot-closed")  # gone (a retired record expires) or never born
+            if not isinstance(current, Supported):
+                return Refused("record-unsupported")
+            refused = KEEPALIVE.decide(current.record, keep)
+            if isinstance(refused, Refused):
+                return refused
+            # Ours after all: a race, or a claimed cold slot. Touch it again, as it is.
+            seeded = current.record.seed is not None
+        return Refused("retry-later")
+
+    def _resume(self, record: SlotRecord, poll: Poll) -> SeedOutcome | None:
+        """A parked slot's owner is back: a new attempt restoring its checkpoint. RESUME's
+        binding checks come first, so anyone else hears what any mismatch hears. Nothing is
+        written unless R2 holds the checkpoint as recorded. None: the record moved between
+        the read and the write; the caller re-decides."""
+        decision = RESUME.decide(record, poll)
+        if isinstance(decision, Refused):
+            return self._not_resumed(decision)
+        assert record.checkpoint is not None  # a parked record names one
+        gone = self._checkpoint_gone(record.checkpoint)
+        if gone is not None:
+            return gone
+        written = self._lifecycle.write(RESUME, record, poll)
+        if isinstance(written, Refused):
+            return self._not_resumed(written)
+        if not isinstance(written, Written):
+            return None
+        assert written.entry is not None  # the resume's restore, reserved in that write
+        return self._launch(written.record, written.entry.ref)
+
+    @staticmethod
+    def _not_resumed(refused: Refused) -> SeedOutcome:
+        """Past its retention a checkpoint no longer counts (R2's lifecycle rule deletes it
+        soon after): as gone for its owner as a deleted one. Every other refusal is a
+        binding check's, answered as a poll's."""
+        if refused.reason == "checkpoint-not-counted":
+            return _not_restorable("checkpoint expired")
+        return refused
+
+    def _checkpoint_gone(self, checkpoint: Checkpoint) -> NotSeeded | None:
+        """None when R2 holds the checkpoint as recorded (its size and ETag; the task
+        verifies its sha256). R2 not answering, or a bucket that is not there, raises
+        `R2Unavailable`: a 503 `retry-later`, nothing written."""
+        assert self._r2 is not None  # a parked record names a seed, and a seed needs R2
+        facts = self._r2.head(checkpoint.key)
+        if facts is None:
+            # A bare 404 is also what a missing bucket answers: only a bucket that is there
+            # makes the checkpoint lost.
+            if not self._r2.bucket_exists():
+                raise R2Unavailable("NoSuchBucket")
+            return _not_restorable("checkpoint lost")
+        if (facts.size, facts.etag) != (checkpoint.size, checkpoint.etag):
+            return _not_restorable("checkpoint changed")
+        return None
 
     def _birth(self, request: SeedRequest) -> SeedOutcome | None:
         """None when another caller's birth won the race: the caller re-decides. A seeded
@@ -150,8 +253,16 @@ class SeedService:
 
     def _retry(self, request: SeedRequest, record: SlotRecord) -> SeedOutcome:
         """The task died without a verdict: a new attempt, whose debris sweep never touches
-        a bound checkout. Bounded: past max_attempts the slot stays seeding (retained)."""
-        if record.attempt >= self._settings.max_attempts:
+        a bound checkout. Bounded: past max_attempts the slot stays seeding (retained).
+
+        Counted by the attempts this seed (or this resume) lost, not by `attempt`, which
+        every resume also advances: each lost attempt's restore stays `unknown` in the
+        window (never evicted), and a parked record has none left."""
+        lost = sum(
+            entry.kind is OpKind.RESTORE and entry.status is OpStatus.UNKNOWN
+            for entry in record.window.entries
+        )
+        if lost + 1 >= self._settings.max_attempts:
             return NotSeeded(reason="seed-failed", step="task-lost", detail=None)
         outcome = self._lifecycle.write(
             transitions.BEGIN_ATTEMPT, record, transitions.At(now=self._clock())
@@ -162,6 +273,10 @@ class SeedService:
         return self._relaunch(request, outcome.record, outcome.entry.ref)
 
     def _relaunch(self, request: SeedRequest, record: SlotRecord, op: OpRef) -> SeedOutcome:
+        if record.checkpoint is not None and record.resuming:
+            # A resume's task died: its checkpoint, not the snapshot, is what is presigned.
+            gone = self._checkpoint_gone(record.checkpoint)
+            return gone if gone is not None else self._launch(record, op)
         seed = request.seed
         if seed is not None and self._snapshots.read(seed.resource).archives_for(seed) is None:
             # Rotated out since birth: nothing unrecorded is presigned. The record stays
@@ -170,16 +285,23 @@ class SeedService:
         return self._launch(record, op)
 
     def _launch(self, record: SlotRecord, op: OpRef) -> SeedOutcome:
-        seed = record.seed
+        # A resume restores the slot's checkpoint instead of the snapshot.
+        resume = record.checkpoint if record.resuming else None
+        seed = record.seed if resume is None else None
         plan = SlotPlan(
             slot=record.slot,
             attempt=record.attempt,
             op=op,
-            seed=seed,
+            seed=record.seed,
             owner=record.owner,
             origin=record.origin,
-            checkout=self._presign(seed.checkout_backup_id) if seed else None,
-            deps=self._presign(seed.deps_backup_id) if seed and seed.deps_backup_id else None,
+            checkout=self._presign(backup_key(seed.checkout_backup_id)) if seed else None,
+            deps=(
+                self._presign(backup_key(seed.deps_backup_id))
+                if seed and seed.deps_backup_id
+                else None
+            ),
+            resume=self._presign(resume.key) if resume else None,
             deps_path=self._settings.deps_path,
         )
         incarnation = self._runtime().launch(plan)
@@ -198,27 +320,31 @@ class SeedService:
             record = outcome.current.record  # the task settled or a poll touched: re-decide
         return outcome_of(record)
 
-    def _presign(self, backup_id: str) -> SecretStr:
-        """Called only for archives a record names (checked by the birth's transaction or
-        the relaunch's read); the task verifies each against its recorded size and sha256."""
+    def _presign(self, key: str) -> SecretStr:
+        """Called only for objects a record names (checked by the birth's transaction, the
+        relaunch's read or the resume's HEAD); the task verifies each against its recorded
+        size and sha256."""
         assert self._r2 is not None
-        return SecretStr(self._r2.presign_get(backup_key(backup_id), self._presign_expiry))
+        return SecretStr(self._r2.presign_get(key, self._presign_expiry))
 
 
 def outcome_of(record: SlotRecord) -> Seeded | NotSeeded | Cold | Seeding:
     """What a seed answers about the record as it now is."""
+    if record.loss is not None:  # the work went with its task: said so, never hidden
+        return NotSeeded(reason="lost", step=record.loss.reason, detail=record.loss.detail)
     result = record.result
     if isinstance(result, SeedSucceeded) and record.state in SUCCEEDED_STATES:
         return Seeded(
             cached=True,
             ref=result.ref,
             sha=result.head,
-            from_=result.from_backup,
+            from_="checkpoint" if result.resumed else result.from_backup,
             steps=result.steps,
             ms=result.ms,
             incarnation=record.incarnation,
             claim=record.owner,
             frozen=record.frozen_at is not None or record.state is not State.SEEDED,
+            resumed=result.resumed,
         )
     if record.state is State.SEED_FAILED and isinstance(result, SeedFailed):
         return NotSeeded(reason=result.reason, step=result.step, detail=result.detail)
@@ -229,4 +355,17 @@ def outcome_of(record: SlotRecord) -> Seeded | NotSeeded | Cold | Seeding:
         attempt=record.attempt,
         incarnation=record.incarnation,
         claim=record.owner,
+        resumed=record.resuming,
+    )
+
+
+def kept_alive(record: SlotRecord) -> KeptAlive:
+    """What a keepalive answers: `frozen` as a poll's, erring towards "still frozen" while
+    the slot is being checkpointed or its task has not resumed the sandbox yet."""
+    return KeptAlive(
+        slot=record.slot,
+        claim=record.owner,
+        state=record.state.value,
+        idle_deadline=record.idle_deadline,
+        frozen=record.frozen_at is not None or record.state in transitions.CHECKPOINT_STATES,
     )

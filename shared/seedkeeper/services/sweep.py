@@ -1,20 +1,25 @@
 """The idle sweep: stops positively-unseeded idle slots, and reclaims a seeded one only
-after its work is verified in R2 (DESIGN §10); retains everything else.
+after its work is verified in R2 (DESIGN §10); records the loss of one whose task stopped
+first; retains everything else.
 
 It reads the sparse index's expired slots (`SweepIndex`), so its cost follows the expired
 slots, never the table, in bounded pages with a cursor kept in the table so a long backlog
-is resumed, not restarted. For each slot the decision is pure (`domain.sweep.decide`).
+is resumed, not restarted. For each slot the decision is pure (`domain.sweep.decide`); the
+tasks a page's decisions wait on are asked in one batch (`SlotRuntime.statuses`).
 The only roads to a stop are the two fences (`unseeded`, or `checkpointed` with a counted
 checkpoint; still expired, nothing in flight, same `rev`), then the runtime's stop, then
-retirement or park. An idle seeded slot is only asked to checkpoint (one write). A touch in
-the same tick makes any fence fail. Every other slot is retained with its reason recorded
-once and counted in a metric. It also pays the rotation ledger's pending deletions.
+retirement or park. An idle seeded slot is only asked to checkpoint (one write). An idle
+seeded or checkpointing slot whose task stopped is recorded `lost` with the runtime's cause
+(one write). A touch in the same tick makes any of these writes fail. Every other slot is
+retained with its reason recorded once and counted in a metric. It also pays what the debt
+partition owes: the rotation ledgers' pending deletions and the checkpoints resumed slots
+superseded.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -22,14 +27,33 @@ from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from seedkeeper.adapters.r2 import R2
 from seedkeeper.adapters.runtime import SlotRuntime
+from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.opwindow import OpKind
-from seedkeeper.domain.record import Classified, SlotRecord, State
-from seedkeeper.domain.runtime import TaskStatus
-from seedkeeper.domain.sweep import Finish, Leave, Park, RequestCheckpoint, Retain, decide
+from seedkeeper.domain.record import (
+    Classified,
+    Malformed,
+    SlotRecord,
+    State,
+    Supported,
+    Unsupported,
+)
+from seedkeeper.domain.runtime import UNKNOWN, TaskState
+from seedkeeper.domain.sweep import (
+    Finish,
+    Leave,
+    Lose,
+    Park,
+    RequestCheckpoint,
+    Retain,
+    asks,
+    decide,
+)
 from seedkeeper.domain.transitions import (
     FENCE,
     FENCE_PARK,
+    LOSE,
     NOTE_RETAINED,
     PARK,
     REQUEST_CHECKPOINT,
@@ -43,7 +67,7 @@ from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.observability import METRICS_NAMESPACE, logger
 from seedkeeper.services.rotation import Snapshots
 from seedkeeper.store.lifecycle import Lifecycle, Written
-from seedkeeper.store.sweep_index import SweepIndex
+from seedkeeper.store.sweep_index import OwedCheckpoint, SweepIndex
 
 
 class SweepSettings(BaseSettings):
@@ -60,6 +84,7 @@ class Report:
     stopped: list[str] = field(default_factory=list)
     checkpoints_requested: list[str] = field(default_factory=list)
     parked: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
     retained: Counter[str] = field(default_factory=Counter)
     left: Counter[str] = field(default_factory=Counter)
     resumed_from_cursor: bool = False
@@ -72,6 +97,7 @@ class Report:
             "stopped": self.stopped,
             "checkpoints_requested": self.checkpoints_requested,
             "parked": self.parked,
+            "lost": self.lost,
             "retained": dict(self.retained),
             "left": dict(self.left),
             "finished": self.finished,
@@ -87,14 +113,18 @@ class Sweeper:
         lifecycle: Lifecycle,
         runtime: Callable[[], SlotRuntime],
         snapshots: Snapshots | None,
+        r2: R2 | None,
         settings: SweepSettings,
+        retention: RetentionSettings,
         clock: Callable[[], int],
     ) -> None:
         self._index = index
         self._lifecycle = lifecycle
         self._runtime = runtime
         self._snapshots = snapshots
+        self._r2 = r2
         self._settings = settings
+        self._retention = retention.park_retention  # a lost record's, as a parked one's
         self._clock = clock
 
     def sweep(self) -> Report:
@@ -107,8 +137,9 @@ class Sweeper:
         while report.read < self._settings.max_items:
             page = self._index.expired(now, start=cursor, limit=limit)
             report.read += len(page.slots)
+            states = self._task_states(page.slots, now)
             for classified in page.slots:
-                self._one(classified, now, report)
+                self._one(classified, now, states, report)
             cursor = page.cursor
             if cursor is None:
                 report.finished = True
@@ -118,8 +149,12 @@ class Sweeper:
         self._emit(report)
         return report
 
-    def _one(self, classified: Classified, now: int, report: Report) -> None:
-        disposition = decide(classified, now=now, task_status=self._status)
+    def _one(
+        self, classified: Classified, now: int, states: dict[str, TaskState], report: Report
+    ) -> None:
+        disposition = decide(
+            classified, now=now, retention=self._retention, task_status=states.__getitem__
+        )
         if isinstance(disposition, Leave):
             report.left[disposition.reason] += 1
             return
@@ -135,6 +170,9 @@ class Sweeper:
                 report.checkpoints_requested.append(disposition.record.slot)
             else:
                 report.retained["touched"] += 1
+            return
+        if isinstance(disposition, Lose):
+            self._lose(disposition, report)
             return
         slot = disposition.record.slot
         if isinstance(disposition, Finish):
@@ -172,19 +210,70 @@ class Sweeper:
             closed = self._lifecycle.write(RETIRE, record, stopped)
         return closed.record if isinstance(closed, Written) else None
 
-    def _status(self, incarnation: str) -> TaskStatus:
+    def _lose(self, lose: Lose, report: Report) -> None:
+        """Its task stopped with the work: recorded, with why, never hidden. Touched or moved
+        since the read: decided again when it next expires."""
+        lost = self._lifecycle.write(LOSE, lose.record, lose.lost)
+        if not isinstance(lost, Written):
+            report.retained["touched"] += 1
+            return
+        report.lost.append(lose.record.slot)
+        loss = lose.lost.loss
+        logger.warning("slot lost", slot=lose.record.slot, reason=loss.reason, detail=loss.detail)
+
+    def _task_states(self, slots: Sequence[Classified], now: int) -> dict[str, TaskState]:
+        """The tasks this page's decisions wait on, asked in one batch. A task the runtime
+        does not answer for is unknown."""
+        wanted = [
+            incarnation
+            for classified in slots
+            if (incarnation := asks(classified, now=now, retention=self._retention)) is not None
+        ]
+        if not wanted:
+            return {}
+        unknown = dict.fromkeys(wanted, UNKNOWN)
         try:
             runtime = self._runtime()
         except RuntimeUnavailable:  # misconfigured, or not installed here: it knows nothing
             logger.warning("slot runtime unavailable; task status unknown")
-            return TaskStatus.UNKNOWN
-        return runtime.status(incarnation)
+            return unknown
+        return unknown | runtime.statuses(wanted)
 
     def _pay_debts(self, now: int) -> int:
-        if self._snapshots is None:
-            return 0
-        resources = self._index.owing(now, limit=self._settings.page_size)
-        return sum(len(self._snapshots.pay_debts(resource).deleted) for resource in resources)
+        owed = self._index.owing(now, limit=self._settings.page_size)
+        paid = 0
+        if self._snapshots is not None:
+            paid += sum(
+                len(self._snapshots.pay_debts(resource).deleted) for resource in owed.resources
+            )
+        if self._r2 is not None:
+            paid += self._pay_checkpoints(self._r2, owed.checkpoints)
+        return paid
+
+    def _pay_checkpoints(self, r2: R2, owed: Sequence[OwedCheckpoint]) -> int:
+        """Delete the superseded checkpoints, then forget their debts; a failed deletion
+        stays owed. Only a slot's own objects (`checkpoints/<slot>/`), and never the one its
+        record names now: a debt naming another is cleared unpaid (not its to delete). A
+        slot whose record this code cannot read keeps its debts owed."""
+        read: dict[str, Classified] = {}
+        payable: dict[str, OwedCheckpoint] = {}
+        for debt in owed:
+            if debt.slot not in read:
+                read[debt.slot] = self._lifecycle.read(debt.slot)
+            classified = read[debt.slot]
+            if isinstance(classified, Unsupported | Malformed):
+                continue  # what it names cannot be told: still owed
+            current = classified.record.checkpoint if isinstance(classified, Supported) else None
+            own = debt.key.startswith(f"checkpoints/{debt.slot}/")
+            if own and (current is None or current.key != debt.key):
+                payable[debt.key] = debt
+            else:
+                logger.warning("checkpoint debt cleared unpaid", slot=debt.slot, key=debt.key)
+                self._lifecycle.clear_debt(debt.slot, debt.key)
+        deleted = r2.delete(list(payable)).deleted if payable else ()
+        for key in deleted:
+            self._lifecycle.clear_debt(payable[key].slot, key)
+        return len(deleted)
 
     @staticmethod
     def _emit(report: Report) -> None:
@@ -200,6 +289,7 @@ class Sweeper:
             ("SlotsStopped", report.stopped),
             ("CheckpointsRequested", report.checkpoints_requested),
             ("SlotsParked", report.parked),
+            ("SlotsLost", report.lost),
         ):
             if slots:
                 with single_metric(

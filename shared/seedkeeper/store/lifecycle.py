@@ -171,10 +171,18 @@ class Lifecycle:
         condition = _checks(TOUCH, poll) & _touchable(seeded=poll.binding.seed is not None)
         return self._touch(slot, condition, now=poll.now, idle_deadline=poll.idle_deadline)
 
-    def keepalive(self, slot: str, keep: KeepAlive) -> Written | Conflict:
-        """`KEEPALIVE` without a read, as `touch` (the owner's claim is the identity)."""
-        touchable = _touchable(seeded=True) | _touchable(seeded=False)
-        condition = _checks(KEEPALIVE, keep) & touchable
+    def keepalive(self, slot: str, keep: KeepAlive, *, seeded: bool) -> Written | Conflict:
+        """`KEEPALIVE` without a read, as `touch` (the owner's claim is the identity). The
+        caller says whether the slot is a seeded one (a claim almost always means it is):
+        one condition covering both kinds would pass DynamoDB's limits on an expression,
+        and a wrong guess is a Conflict showing the record, so the caller tries once more.
+        The seed and origin the touch pins by equality are checked here for their shape."""
+        if seeded:
+            named: ConditionBase = Attr("seed").attribute_type("M")
+        else:
+            named = _absent("seed")
+        origin = _optional("origin", _text("origin", 1, _MAX_ORIGIN))
+        condition = _checks(KEEPALIVE, keep) & _touchable(seeded=seeded) & named & origin
         return self._touch(slot, condition, now=keep.now, idle_deadline=keep.idle_deadline)
 
     def _touch(
@@ -376,6 +384,7 @@ def _update_expression(
 _MAX_INCARNATION = 512
 _MAX_BACKUP_ID = 128
 _MAX_BRANCH = 255
+_MAX_ORIGIN = 2048
 _PENDING_STATES = (State.UNSEEDED, State.SEEDING)  # no verdict yet: no result
 _SUCCEEDED_LIVE = sorted(state.value for state in SUCCEEDED_STATES & LIVE_STATES)
 
@@ -415,6 +424,7 @@ def _touchable(*, seeded: bool) -> ConditionBase:
         & _optional("frozen_at", _number("frozen_at", 0))
         & _optional("checkpoint_failures", _number("checkpoint_failures", 1, 1000))
         & _optional("checkpoint", _checkpoint())
+        & _absent("loss")  # only a lost record says what was lost, and it is not live
     )
 
 

@@ -1,11 +1,12 @@
 """The idle sweep's reads and its one bookkeeping write: the sparse `by-deadline` index
-(live slots whose idle deadline has passed; resources owing deletions) and the cursor that
-lets a long backlog be resumed, not restarted."""
+(live slots whose idle deadline has passed; the debt partition: resources owing deletions,
+slots owing their superseded checkpoints) and the cursor that lets a long backlog be
+resumed, not restarted."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from boto3.dynamodb.conditions import Attr, Key
 from botocore.exceptions import ClientError
@@ -21,6 +22,21 @@ if TYPE_CHECKING:
 INDEX = "by-deadline"
 CURSOR_KEY = {"PK": "SWEEP", "SK": "CURSOR"}
 Cursor = dict[str, Any]
+
+
+class OwedCheckpoint(NamedTuple):
+    """A superseded checkpoint object `slot` owes the deletion of."""
+
+    slot: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Owed:
+    """One page of the debt partition, by kind of debtor."""
+
+    resources: tuple[str, ...]  # resources whose rotation ledgers owe deletions
+    checkpoints: tuple[OwedCheckpoint, ...]
 
 
 @dataclass(frozen=True)
@@ -76,8 +92,8 @@ class SweepIndex:
         except ClientError as error:
             raise translate_client_error(error) from error
 
-    def owing(self, now: int, *, limit: int) -> list[str]:
-        """Resources with a deletion owed by now (one page of the ledger's index entries)."""
+    def owing(self, now: int, *, limit: int) -> Owed:
+        """What is owed by now: one page of the debt partition's index entries."""
         try:
             page = self._table.query(
                 IndexName=INDEX,
@@ -87,4 +103,12 @@ class SweepIndex:
             )
         except ClientError as error:
             raise translate_client_error(error) from error
-        return sorted({str(item["PK"]).removeprefix(RESIDENT_PREFIX) for item in page["Items"]})
+        resources: set[str] = set()
+        checkpoints: set[OwedCheckpoint] = set()
+        for item in page["Items"]:
+            debtor = str(item["PK"])
+            if debtor.startswith(RESIDENT_PREFIX):
+                resources.add(debtor.removeprefix(RESIDENT_PREFIX))
+            elif debtor.startswith(SLOT_PREFIX) and "key" in item:
+                checkpoints.add(OwedCheckpoint(debtor.removeprefix(SLOT_PREFIX), str(item["key"])))
+        return Owed(tuple(sorted(resources)), tuple(sorted(checkpoints)))

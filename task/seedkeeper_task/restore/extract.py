@@ -38,7 +38,7 @@ from seedkeeper_task.slot_user import SlotUser
 # aborts, since a tree with a file or mode missing is refused anyway.
 # -da/-fr 32: the data and fragment caches in MiB (256 each by default), so the extractor's
 # memory stays flat as archives grow (measured: 437 MB -> 74 MB at 300 MB, no time cost).
-_UNSQUASHFS = (
+UNSQUASHFS_COMMAND = (
     "unsquashfs",
     "-no-progress",
     "-quiet",
@@ -69,7 +69,12 @@ class ExtractFailed(SeedkeeperError):
 
 
 def extract(
-    archive: Path, target: Path, *, processors: int | None = None, owner: SlotUser | None = None
+    archive: Path,
+    target: Path,
+    *,
+    processors: int | None = None,
+    owner: SlotUser | None = None,
+    worktree_links_may_leave: bool = False,
 ) -> None:
     """Extract `archive` so that `target` (which must not exist) appears last and complete:
     unsquashfs into a fresh staging sibling of target (same parent directory, hidden name
@@ -81,7 +86,13 @@ def extract(
 
     A corrupt or truncated archive raises ExtractFailed, from the listing when its tables
     are damaged, from the extraction when a data block is. An existing target raises
-    FileExistsError, before anything is written and again (atomically) at the rename."""
+    FileExistsError, before anything is written and again (atomically) at the rename.
+
+    `worktree_links_may_leave`: a slot's own checkpoint holds the links its run made (a
+    virtualenv's `bin/python -> /usr/bin/python3`); outside `.git` they are restored as
+    they were. Nothing root does with a restored worktree follows a link (the slot user's
+    git reads it), and a link in `.git` is still refused if it leads outside, through a
+    worktree link or not."""
     if target.name in ("", ".", ".."):
         raise ValueError(f"target {str(target)!r} names no directory entry")
     if processors is not None and processors < 1:
@@ -96,14 +107,14 @@ def extract(
         if owner is not None:
             os.chown(staging, owner.uid, owner.gid)
         threads = [] if processors is None else ["-processors", str(processors)]
-        _unsquashfs([*_UNSQUASHFS, *threads, "-d", str(staging), str(archive)], owner)
+        _unsquashfs([*UNSQUASHFS_COMMAND, *threads, "-d", str(staging), str(archive)], owner)
         owned_by = (os.geteuid(), os.getegid()) if owner is None else (owner.uid, owner.gid)
-        check_tree(staging, owned_by)
+        check_tree(staging, owned_by, worktree_links_may_leave=worktree_links_may_leave)
         _rename_noreplace(staging, target)
     except BaseException:
         # subprocess.run has already killed and reaped unsquashfs if we were interrupted:
         # nothing is still writing into what we remove.
-        _remove_tree(staging)
+        remove_tree(staging)
         raise
 
 
@@ -120,7 +131,7 @@ def sweep_staging(parent: Path) -> list[Path]:
             if _STAGING.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)
         ]
     for leftover in sorted(leftovers):
-        _remove_tree(leftover)
+        remove_tree(leftover)
         removed.append(leftover)
     return removed
 
@@ -159,7 +170,9 @@ def listed_paths(listing: bytes, prefix: bytes) -> list[bytes]:
     return paths
 
 
-def check_tree(root: Path, owner: tuple[int, int]) -> None:
+def check_tree(
+    root: Path, owner: tuple[int, int], *, worktree_links_may_leave: bool = False
+) -> None:
     """Walk the staged tree without following symlinks; refuse device nodes and any symlink
     that could lead outside `root`; give every entry to `owner` (uid, gid) and strip
     setuid/setgid bits (root restores an archive's owners and modes as they are)."""
@@ -172,7 +185,7 @@ def check_tree(root: Path, owner: tuple[int, int]) -> None:
         _own(entry.path, info, owner)
         if stat.S_ISLNK(info.st_mode):
             links[relative] = os.fsdecode(os.readlink(entry.path))
-    _refuse_escaping(links)
+    _refuse_escaping(links, worktree_links_may_leave=worktree_links_may_leave)
 
 
 def check_links(root: Path) -> None:
@@ -188,8 +201,13 @@ def check_links(root: Path) -> None:
     )
 
 
-def _refuse_escaping(links: Mapping[PurePosixPath, str]) -> None:
+def _refuse_escaping(
+    links: Mapping[PurePosixPath, str], *, worktree_links_may_leave: bool = False
+) -> None:
     for link, link_target in links.items():
+        in_worktree = link.parts[:1] != (".git",)
+        if worktree_links_may_leave and in_worktree:
+            continue
         if symlink_escapes(link, link_target, links):
             raise UnsafeArchive(
                 f"symlink {_show(link)} -> {_show(link_target)} leads outside the archive"
@@ -333,7 +351,7 @@ def _renameat2() -> Callable[[int, bytes, int, bytes, int], int] | None:
     return call
 
 
-def _remove_tree(path: Path) -> None:
+def remove_tree(path: Path) -> None:
     """Remove a staged tree that may hold read-only directories (a Go module cache does):
     rmtree never follows symlinks; if it is refused, give our own directories u+rwx (never
     through a symlink) and try once more."""

@@ -10,21 +10,25 @@ task definition's `StopTimeout`. Only the task role differs: the store's keys st
 it. Containers use the host's network, where the local gateway and store listen.
 
 Launching is idempotent per attempt: the container's name is the attempt's, and Docker
-creates a name once. A stopped container is kept (ECS keeps a stopped task visible) until
-the stack that started it stops (`stop_all`).
+creates a name once. A stopped container is kept (ECS keeps a stopped task visible, and a
+status must still tell it stopped, with why) until the stack that started it stops
+(`stop_all`); no later attempt reaches its filesystem: each runs in a container of its own.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from seedkeeper.adapters.runtime import not_a_credential, started_by
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
 from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.observability import logger
 from seedkeeper_tools.infra import load_template
@@ -45,6 +49,8 @@ TASK_DEFINITION_OPTIONS = (
 )
 _PREFIX = "docker:"
 _LIVE = {"created", "running", "restarting", "paused", "removing"}
+_ENDED = {"exited", "dead"}
+_INSPECT_BATCH = 100  # containers a `docker inspect`
 _CLI_TIMEOUT = 60.0  # a daemon that answers nothing for this long is unavailable
 
 
@@ -109,13 +115,31 @@ class DockerRuntime:
         return _PREFIX + name
 
     def status(self, incarnation: str) -> TaskStatus:
-        name = self._container(incarnation)
-        if name is None:
-            return TaskStatus.UNKNOWN
-        state = self._state(name)
-        if state is None:
-            return TaskStatus.UNKNOWN
-        return TaskStatus.RUNNING if state in _LIVE else TaskStatus.STOPPED
+        return self.statuses([incarnation])[incarnation].status
+
+    def statuses(self, incarnations: Sequence[str]) -> dict[str, TaskState]:
+        """`docker inspect` of many containers at once. One it does not know (another
+        stack's, or removed), or an engine that does not answer, is UNKNOWN."""
+        states = dict.fromkeys(incarnations, UNKNOWN)
+        names = {
+            name: incarnation
+            for incarnation in states
+            if (name := self._container(incarnation)) is not None
+        }
+        listed = list(names)
+        for start in range(0, len(listed), _INSPECT_BATCH):
+            batch = listed[start : start + _INSPECT_BATCH]
+            try:
+                # Answers those it knows, and fails for the others: its output still counts.
+                result = _docker(["docker", "inspect", "--type", "container", *batch])
+                found = json.loads(result.stdout or "[]")
+            except (RuntimeUnavailable, json.JSONDecodeError):
+                continue
+            for container in found if isinstance(found, list) else []:
+                name = str(container.get("Name", "")).removeprefix("/")
+                if name in names:
+                    states[names[name]] = _task_state(container.get("State") or {})
+        return states
 
     def stop(self, incarnation: str) -> None:
         """`docker stop`: SIGTERM, SIGKILL after the stop timeout; returns once the
@@ -198,6 +222,19 @@ def _docker(
         )
     except (OSError, subprocess.TimeoutExpired) as unavailable:
         raise RuntimeUnavailable(f"docker: {type(unavailable).__name__}") from unavailable
+
+
+def _task_state(state: dict[str, Any]) -> TaskState:
+    """A container's `State` as inspected: an out-of-memory kill is the cause when Docker
+    says so; its exit code and error the detail."""
+    status = state.get("Status")
+    if status in _LIVE:
+        return RUNNING
+    if status not in _ENDED:
+        return UNKNOWN
+    said = [f"exit code {state.get('ExitCode')}", str(state.get("Error") or "")]
+    cause = "OOMKilled" if state.get("OOMKilled") else None
+    return TaskState.stopped(cause, "; ".join(part for part in said if part))
 
 
 def _last_line(text: str) -> str:

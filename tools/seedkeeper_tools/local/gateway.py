@@ -44,6 +44,7 @@ MAX_BODY = 256 * 1024
 # Which function answers which path, as each has its own URL in AWS.
 ROUTES = (
     ("/seed", "seed"),
+    ("/keepalive", "seed"),
     ("/receipt", "receipt"),
     ("/slot-evidence", "slot_evidence"),
     ("/snapshots", "rotation"),

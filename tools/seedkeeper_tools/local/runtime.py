@@ -5,6 +5,10 @@ group) each, their workspaces and process records under the data directory. Chos
 Launching is idempotent per attempt: the attempt's record is created exclusively (and
 locked until it names the process) before anything starts, so of two launches of one attempt,
 however close, one starts the task and the other answers the same incarnation.
+
+As on Fargate, each attempt's task starts in a fresh workspace of its own, and a task that
+stopped takes its workspace with it: whatever found it stopped (its reaper, a status, a
+stop) ends what is left of its processes and removes the workspace.
 """
 
 from __future__ import annotations
@@ -22,14 +26,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from seedkeeper.adapters.runtime import SLOT_UIDS_FROM, not_a_credential
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
 from seedkeeper.observability import logger
+from seedkeeper_task.restore.extract import remove_tree
 from seedkeeper_task.sandbox import end_user_processes, let_slot_user_reach
 
 # What an ECS slot task is given (template.yaml's SlotTaskDefinition, the image's ENV, what
@@ -59,6 +64,9 @@ LOCAL_TASK_ENVIRONMENT = (
     # and how often the task reads its record for a checkpoint request.
     "SEEDKEEPER_CHECKPOINT_URL",
     "SEEDKEEPER_WATCH_INTERVAL",
+    # A platform stop's checkpoint budget, and how long a lost slot's record is kept.
+    "SEEDKEEPER_STOP_TIMEOUT",
+    "SEEDKEEPER_PARK_RETENTION",
 )
 
 
@@ -79,7 +87,7 @@ class _Process:
 
 class LocalRuntime:
     """Slot tasks as local processes, each in its own process group, with a workspace per
-    slot under `data_dir`. What it launched is recorded on disk, so status and stop work
+    attempt under `data_dir`. What it launched is recorded on disk, so status and stop work
     from another process or after a restart of the caller.
 
     A task gets what an ECS task gets (LOCAL_TASK_ENVIRONMENT) and, when this process is
@@ -102,7 +110,16 @@ class LocalRuntime:
         self._passthrough = not_a_credential(passthrough)
 
     def workspace(self, slot: str) -> Path:
-        return self._root / slot / "workspace"
+        """The workspace of the slot's latest attempt (its first's before any launch): gone
+        once that attempt's task stopped."""
+        return self._workspace(slot, self._latest_attempt(slot) or 1)
+
+    def _workspace(self, slot: str, attempt: int) -> Path:
+        return self._root / slot / f"workspace-{attempt}"
+
+    def _latest_attempt(self, slot: str) -> int | None:
+        launched = (self._root / slot).glob("attempt-*.json")
+        return max((int(record.stem.removeprefix("attempt-")) for record in launched), default=None)
 
     def launch(self, plan: SlotPlan) -> str:
         incarnation = f"local:{plan.slot}:{plan.attempt}"
@@ -120,7 +137,9 @@ class LocalRuntime:
         return incarnation
 
     def _start(self, plan: SlotPlan, incarnation: str, folder: Path) -> _Process:
-        workspace = self.workspace(plan.slot)
+        # The attempt's own: only its launch, which holds its record, creates it. One that is
+        # there already was left by a launch that started nothing.
+        workspace = self._workspace(plan.slot, plan.attempt)
         workspace.mkdir(parents=True, exist_ok=True)
         # Searchable, not listable: a slot user reaches its own workspace by name.
         for searchable in (self._root, workspace.parent):
@@ -147,9 +166,55 @@ class LocalRuntime:
         with contextlib.suppress(ProcessLookupError):  # it may have ended already
             os.setpriority(os.PRIO_PROCESS, process.pid, TASK_NICENESS)
         started = _Process(pid=process.pid, started=_start_time(process.pid))  # before the reap
-        # Waited for as soon as it ends, whoever stops it: no zombie is left behind.
-        threading.Thread(target=process.wait, name=f"reap-{incarnation}", daemon=True).start()
+        threading.Thread(
+            target=self._reap,
+            args=(process, started, plan.slot, plan.attempt),
+            name=f"reap-{incarnation}",
+            daemon=True,
+        ).start()
         return started
+
+    def _reap(
+        self, process: subprocess.Popen[bytes], task: _Process, slot: str, attempt: int
+    ) -> None:
+        """Waited for as soon as it ends, whoever stops it (no zombie is left behind); how it
+        ended is kept for a status to tell, and what it leaves goes with it."""
+        returncode = process.wait()
+        exit_record = self._root / slot / f"attempt-{attempt}.exit"
+        draft = exit_record.with_name(f".{exit_record.name}.{secrets.token_hex(4)}")
+        try:
+            draft.write_text(str(returncode))
+            draft.replace(exit_record)  # whole or not at all, for a status read at once
+        except OSError as error:  # a status then says only that the process is gone
+            logger.warning("a task's exit is not kept", record=str(exit_record), error=str(error))
+        self._clear(slot, attempt, task)
+
+    def _clear(self, slot: str, attempt: int, task: _Process) -> None:
+        """A stopped task's processes and workspace end with it, as a Fargate task's
+        container and storage do: what is left of its group (and, root, of its slot user
+        when no later attempt of the slot was launched: that one's sandbox is its own), then
+        the workspace. Kept while anything of the group survives SIGKILL: looked at again by
+        the next status or stop. Never a running task's, never another attempt's."""
+        workspace = self._workspace(slot, attempt)
+        group = {task.pid: task.started}
+        if not workspace.exists() or _is_running(task):
+            return
+        if _still_ours(group):
+            _end_groups([task], grace=0)
+            if _still_ours(group):
+                return
+        uid = self.slot_uid(slot)
+        if os.geteuid() == 0 and uid is not None and self._latest_attempt(slot) == attempt:
+            end_user_processes(uid)
+        gone = workspace.with_name(f".gone-{workspace.name}-{secrets.token_hex(4)}")
+        try:
+            workspace.rename(gone)  # one look removes it: another finds it gone
+        except FileNotFoundError:
+            return
+        try:
+            remove_tree(gone)
+        except OSError as error:
+            logger.warning("a stopped task's workspace is left", folder=str(gone), error=str(error))
 
     def slot_uid(self, slot: str) -> int | None:
         """The uid (and gid) of the slot's own user, once a root runtime gave it one."""
@@ -188,16 +253,53 @@ class LocalRuntime:
         return environment
 
     def status(self, incarnation: str) -> TaskStatus:
+        return self._state(incarnation).status
+
+    def statuses(self, incarnations: Sequence[str]) -> dict[str, TaskState]:
+        return {incarnation: self._state(incarnation) for incarnation in incarnations}
+
+    def _state(self, incarnation: str) -> TaskState:
+        """A stopped task's workspace is gone once this answers (`_clear`); why it stopped is
+        the exit its reaper kept, when one did."""
         process = self._process(incarnation)
         if process is None:
-            return TaskStatus.UNKNOWN
-        return TaskStatus.RUNNING if _is_running(process) else TaskStatus.STOPPED
+            return UNKNOWN
+        if _is_running(process):
+            return RUNNING
+        _, slot, attempt = incarnation.split(":")
+        self._clear(slot, int(attempt), process)
+        return TaskState.stopped(None, self._exit(slot, attempt))
+
+    def _exit(self, slot: str, attempt: str) -> str:
+        try:
+            returncode = int((self._root / slot / f"attempt-{attempt}.exit").read_text())
+        except (OSError, ValueError):
+            return "process gone"
+        if returncode >= 0:
+            return f"exit code {returncode}"
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
 
     def stop(self, incarnation: str, grace: float = 5.0) -> None:
         """SIGTERM to the task's process group, SIGKILL after `grace` seconds; returns once
         no process of the group is left (the task's children included), nor of the slot's
-        own user (the sandbox leads its own session, and may have left it)."""
+        own user (the sandbox leads its own session, and may have left it), and the task's
+        workspace is gone."""
         self.stop_tasks([incarnation], grace)
+
+    def crash(self, incarnation: str) -> None:
+        """SIGKILL the task's process group with no warning, as a lost host ends a task (the
+        demo's and the tests' crash): it writes nothing more. Returns once the group is gone."""
+        process = self._process(incarnation)
+        if process is None or not _is_running(process):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + KILL_WAIT
+        while _still_ours({process.pid: process.started}) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def stop_all(self) -> None:
         """Every task this data directory's runtime ever launched (a local stack's exit)."""
@@ -216,12 +318,14 @@ class LocalRuntime:
             if (process := self._process(incarnation)) is not None
         }
         _end_groups([process for process in launched.values() if _is_running(process)], grace)
-        if os.geteuid() != 0:
-            return
-        slots = {incarnation.split(":")[1] for incarnation in launched}
-        given = {uid for uid in map(self.slot_uid, slots) if uid is not None}
-        for uid in given & _real_uids():  # one look at /proc, not one for each slot
-            end_user_processes(uid)  # a container's end would end them all
+        if os.geteuid() == 0:
+            slots = {incarnation.split(":")[1] for incarnation in launched}
+            given = {uid for uid in map(self.slot_uid, slots) if uid is not None}
+            for uid in given & _real_uids():  # one look at /proc, not one for each slot
+                end_user_processes(uid)  # a container's end would end them all
+        for incarnation, process in launched.items():
+            _, slot, attempt = incarnation.split(":")
+            self._clear(slot, int(attempt), process)
 
     def _record(self, incarnation: str) -> Path:
         _, slot, attempt = incarnation.split(":")
