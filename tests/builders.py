@@ -5,8 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from seedkeeper.domain import transitions
+from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.models import Binding, OwnerClaim, SeedIdentity
-from seedkeeper.domain.record import Checkpoint, SeedFailed, SeedSucceeded, SlotRecord, State
+from seedkeeper.domain.record import (
+    Checkpoint,
+    Loss,
+    SeedFailed,
+    SeedSucceeded,
+    SlotRecord,
+    State,
+)
 from seedkeeper.store.lifecycle import Lifecycle, Written
 
 ORIGIN = "https://git.example.com/acme/widgets.git"
@@ -56,6 +64,30 @@ def failure() -> SeedFailed:
     return SeedFailed(reason="seed-failed", step="extract", detail="unsquashfs exited 1")
 
 
+def loss(**changes: Any) -> Loss:
+    fields: dict[str, Any] = {"reason": "task-stopped", "detail": "exit code 137", "at": EXPIRED}
+    return Loss(**(fields | changes))
+
+
+# A lost record is kept as long as a park would have been (the default retention).
+LOST_RETENTION: int = RetentionSettings.model_fields["park_retention"].default
+
+
+def lose(record: SlotRecord, **changes: Any) -> transitions.Lost:
+    """The slot's own task found stopped with no verified checkpoint."""
+    assert record.incarnation is not None
+    return transitions.Lost(
+        incarnation=record.incarnation,
+        loss=loss(**changes),
+        expires_at=EXPIRED + LOST_RETENTION,
+    )
+
+
+def resume(record: SlotRecord, now: int = EXPIRED) -> transitions.Poll:
+    """The owner's seed again (same claim, seed and origin) on its parked slot."""
+    return transitions.Poll(record.binding, now=now, idle_deadline=now + IDLE)
+
+
 def changed(decision: transitions.Decision) -> transitions.Change:
     assert isinstance(decision, transitions.Change), decision
     return decision
@@ -81,7 +113,7 @@ def record_in(state: State, slot: str = "slot-1") -> SlotRecord:
             transitions.Launched(incarnation=INCARNATION, launch=birth.entry.ref, now=NOW),
         )
     ).record
-    if state in {State.SEEDED, State.SEED_FAILED, *CHECKPOINT_PATH}:
+    if state in SETTLED:
         verdict = failure() if state is State.SEED_FAILED else success()
         record = changed(
             transitions.SETTLE_SEED.decide(
@@ -91,6 +123,8 @@ def record_in(state: State, slot: str = "slot-1") -> SlotRecord:
         ).record
     if state in CHECKPOINT_PATH:
         record = checkpointed_to(record, state, decide=_decided)
+    if state is State.LOST:
+        record = changed(transitions.LOSE.decide(record, lose(record))).record
     if state in {State.CLOSING, State.RETIRED}:
         closing = changed(transitions.FENCE.decide(record, transitions.At(now=EXPIRED)))
         record = closing.record
@@ -110,6 +144,9 @@ def record_in(state: State, slot: str = "slot-1") -> SlotRecord:
 
 # The states a seeded slot passes through on its way to being parked, in order.
 CHECKPOINT_PATH = (State.CHECKPOINTING, State.CHECKPOINTED, State.PARKED)
+# The states reached through a seed's verdict (`lost`: a seeded slot whose task was found
+# stopped with nothing checkpointed).
+SETTLED = frozenset({State.SEEDED, State.SEED_FAILED, State.LOST, *CHECKPOINT_PATH})
 
 
 def _decided(transition: Any, record: SlotRecord, params: Any) -> tuple[SlotRecord, Any]:
@@ -183,7 +220,7 @@ def stored_in(
             ),
         )
     )
-    if state in {State.SEEDED, State.SEED_FAILED, *CHECKPOINT_PATH}:
+    if state in SETTLED:
         verdict = failure() if state is State.SEED_FAILED else success()
         record = written(
             lifecycle.write(
@@ -200,6 +237,8 @@ def stored_in(
             return outcome.record, outcome.entry
 
         record = checkpointed_to(record, state, decide=write)
+    if state is State.LOST:
+        record = written(lifecycle.write(transitions.LOSE, record, lose(record)))
     if state is State.CLOSING:
         record = written(lifecycle.write(transitions.FENCE, record, transitions.At(now=EXPIRED)))
     return record

@@ -18,18 +18,22 @@ from builders import (
     ORIGIN,
     checkpoint,
     failure,
+    lose,
     owner,
+    resume,
     seed,
     success,
     written,
 )
 from conftest import TABLE_NAME
 from seedkeeper.domain import transitions
-from seedkeeper.domain.models import Binding
+from seedkeeper.domain.models import Binding, OwnerClaim
 from seedkeeper.domain.opwindow import Actor, OpKind, OpRef, OpStatus
 from seedkeeper.domain.record import (
     Absent,
     Malformed,
+    SeedFailed,
+    SeedSucceeded,
     SlotRecord,
     State,
     Supported,
@@ -39,7 +43,8 @@ from seedkeeper.domain.record import (
 from seedkeeper.domain.refused import Refused
 from seedkeeper.domain.transitions import Acknowledged
 from seedkeeper.errors import StoreError, StoreUnavailable
-from seedkeeper.store.lifecycle import Conflict, Lifecycle, Outcome
+from seedkeeper.store.items import DEBT_PARTITION
+from seedkeeper.store.lifecycle import Conflict, Lifecycle, Outcome, Written, debt_key
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -158,6 +163,51 @@ def with_launch(lifecycle: Lifecycle) -> SlotRecord:
     )
 
 
+def parked(lifecycle: Lifecycle) -> SlotRecord:
+    record = closing_to_park(lifecycle)
+    stop = transitions.Parked(
+        stop=record.window.entries[-1].ref, now=EXPIRED, expires_at=EXPIRED + 30 * 86_400
+    )
+    return written(lifecycle.write(transitions.PARK, record, stop))
+
+
+def resumed(lifecycle: Lifecycle) -> SlotRecord:
+    """A parked slot whose owner came back: its second attempt restores the checkpoint."""
+    record = parked(lifecycle)
+    return written(lifecycle.write(transitions.RESUME, record, resume(record)))
+
+
+def stopped_and_checkpointed(lifecycle: Lifecycle) -> SlotRecord:
+    """A seeded slot's task stopped by the platform: it asked for its own checkpoint,
+    froze, and its checkpoint is recorded."""
+    asked = lifecycle.write(transitions.CHECKPOINT_ON_STOP, seeded(lifecycle), STOPPING)
+    assert isinstance(asked, Written)
+    assert asked.entry is not None
+    op = asked.entry.ref
+    record = written(
+        lifecycle.write(
+            transitions.FREEZE, asked.record, transitions.Freezing(attempt=1, op=op, now=NOW)
+        )
+    )
+    uploaded = transitions.Uploaded(checkpoint=checkpoint(), upload=op, now=NOW)
+    return written(lifecycle.write(transitions.RECORD_CHECKPOINT, record, uploaded))
+
+
+def resumed_verdict(
+    record: SlotRecord, result: SeedSucceeded | SeedFailed | None = None
+) -> transitions.Verdict:
+    """The resumed attempt's verdict (a success restored from the checkpoint, unless told)."""
+    return transitions.Verdict(
+        attempt=record.attempt,
+        restore=record.window.entries[-1].ref,
+        result=result or success(resumed=True),
+        now=EXPIRED,
+    )
+
+
+STOPPING = transitions.Stopping(attempt=1, incarnation=INCARNATION, now=NOW)
+
+
 # Each rev-conditioned transition: how to reach a record it accepts, and the call.
 Transition = tuple[Callable[[Lifecycle], SlotRecord], Callable[[Lifecycle, SlotRecord], Outcome]]
 TRANSITIONS: dict[str, Transition] = {
@@ -245,6 +295,27 @@ TRANSITIONS: dict[str, Transition] = {
             ),
         ),
     ),
+    "resume": (
+        parked,
+        lambda lc, r: lc.write(transitions.RESUME, r, resume(r)),
+    ),
+    # The one transition written with another item: the resumed seed and its debt.
+    "settle_seed-resumed": (
+        resumed,
+        lambda lc, r: lc.write(transitions.SETTLE_SEED, r, resumed_verdict(r)),
+    ),
+    "checkpoint_on_stop": (
+        seeded,
+        lambda lc, r: lc.write(transitions.CHECKPOINT_ON_STOP, r, STOPPING),
+    ),
+    "park_on_stop": (
+        stopped_and_checkpointed,
+        lambda lc, r: lc.write(transitions.PARK_ON_STOP, r, STOPPING),
+    ),
+    "lose": (
+        with_upload,
+        lambda lc, r: lc.write(transitions.LOSE, r, lose(r)),
+    ),
     "reserve": (
         seeded,
         lambda lc, r: lc.write(
@@ -283,15 +354,14 @@ def test_a_stale_rev_loses_and_is_answered_with_the_current_record(
     stale = reach(lifecycle)
     moved = written(  # another writer moves first
         lifecycle.write(
-            transitions.RESERVE,
-            stale,
-            transitions.Reservation(kind=OpKind.LAUNCH, actor=Actor.SEED_FN, now=NOW),
+            transitions.NOTE_RETAINED, stale, transitions.Retained("another-writer", now=NOW)
         )
     )
     item = stored(table)
     outcome = call(lifecycle, stale)
     assert outcome == Conflict(Supported(moved))
     assert stored(table) == item
+    assert lifecycle.debts(SLOT) == []  # nothing owed by a write that did not happen
 
 
 @pytest.mark.parametrize("name", TRANSITIONS)
@@ -305,6 +375,7 @@ def test_an_unsupported_record_is_never_written(
     outcome = call(lifecycle, read)
     assert outcome == Conflict(Unsupported(SLOT, 2))
     assert stored(table) == newer
+    assert lifecycle.debts(SLOT) == []
 
 
 @pytest.mark.parametrize("name", TRANSITIONS)
@@ -319,6 +390,7 @@ def test_a_malformed_record_is_never_written(lifecycle: Lifecycle, table: Table,
     assert isinstance(outcome, Conflict)
     assert isinstance(outcome.current, Malformed)
     assert stored(table) == corrupted
+    assert lifecycle.debts(SLOT) == []
 
 
 def test_birth_happens_once_and_the_loser_sees_the_winner(
@@ -471,6 +543,7 @@ def test_an_unclaimed_caller_touches_an_unclaimed_record(lifecycle: Lifecycle) -
         {"ops": "none"},
         {"state": "closing"},
         {"state": "retired"},
+        {"loss": {"reason": "planted", "detail": "", "at": NOW}},  # only on a lost record
     ],
 )
 def test_touch_never_writes_an_unsupported_malformed_or_finished_record(
@@ -668,3 +741,257 @@ def test_store_errors_are_translated_by_code_and_nothing_is_written(
             lifecycle.read(SLOT)
     assert current(lifecycle) == record
     assert table.name == TABLE_NAME
+
+
+# -- a resume's superseded checkpoint: owed in the settle's own transaction ----------------
+
+
+def debt_item(table: Table, key: str) -> dict[str, Any] | None:
+    return table.get_item(Key=debt_key(SLOT, key), ConsistentRead=True).get("Item")
+
+
+def test_a_resumed_seed_and_its_debt_are_written_in_one_transaction(
+    lifecycle: Lifecycle, table: Table
+) -> None:
+    record = resumed(lifecycle)
+    assert record.checkpoint is not None
+    key = record.checkpoint.key
+    calls: Counter[str] = Counter()
+
+    def count(event_name: str, **_: object) -> None:
+        calls[event_name.rsplit(".", 1)[-1]] += 1
+
+    table.meta.client.meta.events.register("before-call.dynamodb", count)
+    after = written(lifecycle.write(transitions.SETTLE_SEED, record, resumed_verdict(record)))
+    assert calls == Counter({"TransactWriteItems": 1})
+    assert (after.state, after.checkpoint) == (State.SEEDED, None)
+    assert current(lifecycle) == after
+    assert debt_item(table, key) == {
+        **debt_key(SLOT, key),
+        "schema": 1,
+        "key": key,
+        "sweep": DEBT_PARTITION,
+        "idle_deadline": EXPIRED,
+    }
+    assert lifecycle.debts(SLOT) == [key]
+    # The sweep finds it in its index's debt partition, due at once.
+    due = table.query(
+        IndexName="by-deadline",
+        KeyConditionExpression="sweep = :debt AND idle_deadline <= :now",
+        ExpressionAttributeValues={":debt": DEBT_PARTITION, ":now": EXPIRED},
+    )
+    assert [item["key"] for item in due["Items"]] == [key]
+    # The slot's record is still the one item a read of it classifies.
+    assert isinstance(lifecycle.read(SLOT), Supported)
+
+
+def test_a_resumed_seed_that_lost_its_race_owes_nothing(lifecycle: Lifecycle, table: Table) -> None:
+    stale = resumed(lifecycle)
+    touched = written(
+        lifecycle.touch(
+            SLOT, transitions.Poll(stale.binding, now=EXPIRED + 1, idle_deadline=EXPIRED + IDLE)
+        )
+    )
+    item = stored(table)
+    outcome = lifecycle.write(transitions.SETTLE_SEED, stale, resumed_verdict(stale))
+    assert outcome == Conflict(Supported(touched))
+    assert stored(table) == item
+    assert lifecycle.debts(SLOT) == []
+    # Re-decided on the record as it now is, it is written, with its debt.
+    assert stale.checkpoint is not None
+    again = written(lifecycle.apply(SLOT, transitions.SETTLE_SEED, resumed_verdict(stale)))
+    assert again.state is State.SEEDED
+    assert lifecycle.debts(SLOT) == [stale.checkpoint.key]
+
+
+def test_a_debt_owed_again_is_the_same_debt(lifecycle: Lifecycle, table: Table) -> None:
+    record = resumed(lifecycle)
+    assert record.checkpoint is not None
+    key = record.checkpoint.key
+    table.put_item(Item={**debt_key(SLOT, key), "key": key, "sweep": DEBT_PARTITION})
+    written(lifecycle.write(transitions.SETTLE_SEED, record, resumed_verdict(record)))
+    assert lifecycle.debts(SLOT) == [key]
+
+
+def test_an_item_in_the_debts_place_naming_another_object_stops_the_settle(
+    lifecycle: Lifecycle, table: Table
+) -> None:
+    """Never overwritten: the record stays as it was, naming its checkpoint."""
+    record = resumed(lifecycle)
+    assert record.checkpoint is not None
+    foreign = {**debt_key(SLOT, record.checkpoint.key), "key": "checkpoints/elsewhere.sqsh"}
+    table.put_item(Item=foreign)
+    item = stored(table)
+    outcome = lifecycle.write(transitions.SETTLE_SEED, record, resumed_verdict(record))
+    assert outcome == Conflict(Supported(record))
+    assert stored(table) == item
+    assert debt_item(table, record.checkpoint.key) == foreign
+
+
+def test_a_failed_resume_owes_nothing_and_keeps_naming_the_checkpoint(
+    lifecycle: Lifecycle,
+) -> None:
+    record = resumed(lifecycle)
+    after = written(
+        lifecycle.write(transitions.SETTLE_SEED, record, resumed_verdict(record, failure()))
+    )
+    assert after.state is State.SEED_FAILED
+    assert after.checkpoint == record.checkpoint
+    assert lifecycle.debts(SLOT) == []
+
+
+def test_a_paid_debt_is_forgotten_once(lifecycle: Lifecycle, table: Table) -> None:
+    record = resumed(lifecycle)
+    assert record.checkpoint is not None
+    key = record.checkpoint.key
+    written(lifecycle.write(transitions.SETTLE_SEED, record, resumed_verdict(record)))
+    other = "checkpoints/slot-1/other/9.sqsh"
+    foreign = {**debt_key(SLOT, other), "key": "checkpoints/someone-else.sqsh"}
+    table.put_item(Item=foreign)
+    lifecycle.clear_debt(SLOT, key)
+    lifecycle.clear_debt(SLOT, key)  # paid twice (a retried sweep): nothing to forget
+    lifecycle.clear_debt(SLOT, other)  # an item there that is not this debt stays
+    assert debt_item(table, key) is None
+    assert debt_item(table, other) == foreign
+    assert current(lifecycle).state is State.SEEDED
+
+
+# -- keepalive, the task's own stop, loss ---------------------------------------------------
+
+
+def test_a_keepalive_extends_the_owners_live_slot_in_one_call(
+    lifecycle: Lifecycle, table: Table
+) -> None:
+    record = seeded(lifecycle)
+    calls: Counter[str] = Counter()
+
+    def count(event_name: str, **_: object) -> None:
+        calls[event_name.rsplit(".", 1)[-1]] += 1
+
+    table.meta.client.meta.events.register("before-call.dynamodb", count)
+    keep = transitions.KeepAlive(owner=owner(), now=NOW + 5, idle_deadline=NOW + 5 + IDLE)
+    after = written(lifecycle.keepalive(SLOT, keep, seeded=True))
+    assert calls == Counter({"UpdateItem": 1})
+    assert (after.idle_deadline, after.rev) == (NOW + 5 + IDLE, record.rev + 1)
+    assert current(lifecycle) == after
+
+
+@pytest.mark.parametrize(
+    ("reach", "seeded"),
+    [(launched_cold, False), (lambda lc: born_seeding(lc, claim=False), True)],
+    ids=["cold", "seeded"],
+)
+def test_an_unclaimed_slot_is_kept_alive_without_a_claim(
+    lifecycle: Lifecycle, reach: Callable[[Lifecycle], SlotRecord], seeded: bool
+) -> None:
+    reach(lifecycle)
+    keep = transitions.KeepAlive(owner=None, now=NOW + 5, idle_deadline=NOW + 5 + IDLE)
+    assert written(lifecycle.keepalive(SLOT, keep, seeded=seeded)).idle_deadline == (NOW + 5 + IDLE)
+
+
+@pytest.mark.parametrize("reach", [seeded, launched_cold])
+def test_a_keepalive_guessing_the_wrong_kind_of_slot_is_shown_the_record(
+    lifecycle: Lifecycle, table: Table, reach: Callable[[Lifecycle], SlotRecord]
+) -> None:
+    """The caller guesses whether the slot is seeded: wrong, nothing is written and the
+    conflict shows the record, so the second try is right."""
+    record = reach(lifecycle)
+    item = stored(table)
+    keep = transitions.KeepAlive(owner=record.owner, now=NOW + 5, idle_deadline=NOW + 5 + IDLE)
+    wrong = lifecycle.keepalive(SLOT, keep, seeded=record.seed is None)
+    assert wrong == Conflict(Supported(record))
+    assert stored(table) == item
+    assert written(lifecycle.keepalive(SLOT, keep, seeded=record.seed is not None)).rev == (
+        record.rev + 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("reach", "claim"),
+    [
+        (seeded, owner(run="run-2")),
+        (seeded, None),
+        (launched_cold, owner()),
+        (parked, owner()),
+        (closing, None),
+    ],
+    ids=["another-owner", "no-claim", "cold-slot-claimed", "parked", "closing"],
+)
+def test_a_keepalive_by_anyone_else_or_on_a_closed_slot_changes_nothing(
+    lifecycle: Lifecycle,
+    table: Table,
+    reach: Callable[[Lifecycle], SlotRecord],
+    claim: OwnerClaim | None,
+) -> None:
+    record = reach(lifecycle)
+    item = stored(table)
+    keep = transitions.KeepAlive(owner=claim, now=NOW + 5, idle_deadline=NOW + 5 + IDLE)
+    outcome = lifecycle.keepalive(SLOT, keep, seeded=record.seed is not None)
+    assert outcome == Conflict(Supported(record))
+    assert stored(table) == item
+
+
+@pytest.mark.parametrize(
+    "foreign",
+    [
+        {"schema": 2},
+        {"rev": "7"},
+        {"state": "lost"},
+        {"loss": {"reason": "planted", "detail": "", "at": NOW}},  # only on a lost record
+        {"seed": "planted"},
+        {"origin": 7},
+    ],
+)
+def test_a_keepalive_never_writes_an_unsupported_malformed_or_ended_record(
+    lifecycle: Lifecycle, table: Table, foreign: dict[str, Any]
+) -> None:
+    seeded(lifecycle)
+    item = stored(table)
+    assert item is not None
+    table.put_item(Item=item | foreign)
+    keep = transitions.KeepAlive(owner=owner(), now=NOW + 5, idle_deadline=NOW + 5 + IDLE)
+    assert isinstance(lifecycle.keepalive(SLOT, keep, seeded=True), Conflict)
+    assert stored(table) == item | foreign
+
+
+@pytest.mark.parametrize(
+    ("reach", "call", "state"),
+    [
+        (
+            stopped_and_checkpointed,
+            lambda lc, r: lc.write(transitions.PARK_ON_STOP, r, STOPPING),
+            State.PARKED,
+        ),
+        (with_upload, lambda lc, r: lc.write(transitions.LOSE, r, lose(r)), State.LOST),
+        (seeded, lambda lc, r: lc.write(transitions.LOSE, r, lose(r)), State.LOST),
+    ],
+    ids=["parked-on-stop", "lost-checkpointing", "lost-seeded"],
+)
+def test_a_stopped_task_s_slot_leaves_the_sweep_index_and_expires(
+    lifecycle: Lifecycle,
+    table: Table,
+    reach: Callable[[Lifecycle], SlotRecord],
+    call: Callable[[Lifecycle, SlotRecord], Outcome],
+    state: State,
+) -> None:
+    after = written(call(lifecycle, reach(lifecycle)))
+    item = stored(table)
+    assert item is not None
+    assert (item["state"], "sweep" in item, "frozen_at" in item) == (state.value, False, False)
+    assert item["expires_at"] == after.expires_at
+    assert after.window.unsettled == 0
+    index = table.query(
+        IndexName="by-deadline",
+        KeyConditionExpression="sweep = :live",
+        ExpressionAttributeValues={":live": "live"},
+    )
+    assert index["Items"] == []
+
+
+def test_a_loss_refused_writes_nothing(lifecycle: Lifecycle, table: Table) -> None:
+    record = with_launch(lifecycle)
+    item = stored(table)
+    assert lifecycle.write(transitions.LOSE, record, lose(record)) == Refused(
+        "unsettled-operations"
+    )
+    assert stored(table) == item

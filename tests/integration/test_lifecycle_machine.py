@@ -2,12 +2,18 @@
 moto's conditional writes. Rules include stale writers and records corrupted or written
 by a newer deployment; the invariants are the ones nothing may ever break.
 
-One rule moves the protocol: an actor (the sweep, the slot task, a poll, time, other
-work) makes a move, each drawn by weight, the actor the state waits on the likeliest.
-A rule per actor or per transition spread each run too thin: Hypothesis switches rules
-off per run (swarm testing) and reaching `parked` takes the sweep and the slot task
-taking turns, so few runs got there. One derandomized run now walks every state within
-the suite's time; `test_lifecycle_state_machine` checks that it did."""
+One rule moves the protocol: an actor (the sweep, the slot task, a poll, time, the
+platform, other work) makes a move, each drawn by weight, the actor the state waits on the
+likeliest. A rule per actor or per transition spread each run too thin: Hypothesis
+switches rules off per run (swarm testing) and reaching `parked` takes the sweep and the
+slot task taking turns, so few runs got there. One derandomized run (and a second of short
+walks from a stopping or a parked slot) now walks every state and every move of resume and
+loss within the suite's time; `test_lifecycle_state_machine` checks that it did.
+
+The platform stops the slot's task (SIGTERM, or SIGKILL with no chance to act): a stopping
+task checkpoints and parks its slot, or records it lost; a task gone without a word is
+found by the sweep, which records the loss. A parked slot's owner comes back: its seed
+resumes the slot from the checkpoint, which is owed once the resumed attempt is seeded."""
 
 from __future__ import annotations
 
@@ -25,40 +31,57 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from builders import IDLE, NOW, ORIGIN, checkpoint, failure, owner, seed, success
+from builders import (
+    EXPIRED,
+    IDLE,
+    NOW,
+    ORIGIN,
+    checkpoint,
+    failure,
+    owner,
+    seed,
+    stored_in,
+    success,
+)
 from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import counts_for
 from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import WINDOW_SIZE, Actor, OpKind, OpRef
 from seedkeeper.domain.record import (
     ENDED_STATES,
+    LIVE_STATES,
+    Loss,
     SlotRecord,
     State,
     Supported,
     classify,
     slot_key,
 )
-from seedkeeper.store.lifecycle import Conflict, Lifecycle, Written
+from seedkeeper.store.lifecycle import Conflict, Lifecycle, Written, debt_key
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
 
 # A fence (the only way to `closing`) leaves an idle cold slot, or a checkpointed one.
 FENCED_FROM = {State.UNSEEDED, State.CHECKPOINTED}
+# A running seeded slot: its task checkpoints when stopped, or the slot is recorded lost.
+LOSABLE = frozenset({State.SEEDED, State.CHECKPOINTING, State.CHECKPOINTED})
 # Who moves next: anyone, but likeliest whoever the state waits on (`waits_on`; first:
 # the next step). Without this bias few runs got past `checkpointing`.
-ACTORS = ["the sweep", "the slot task", "a poll", "time passes", "other work"]
+ACTORS = ["the sweep", "the slot task", "a poll", "time passes", "the platform", "other work"]
 WAITS_ON: dict[State, list[str]] = {
     State.UNSEEDED: ["the sweep"] * 5,
     State.SEEDING: ["the slot task"] * 5,
     State.SEEDED: ["the sweep"] * 5,
     State.SEED_FAILED: ["a poll"] * 5,
     # The race the checkpoint path is about: the owner's poll against the checkpoint.
-    State.CHECKPOINTING: ["the slot task"] * 3 + ["a poll"] * 2,
-    State.CHECKPOINTED: ["the sweep"] * 3 + ["a poll"] * 3,
+    State.CHECKPOINTING: ["the slot task"] * 3 + ["a poll"] * 2 + ["the platform"],
+    State.CHECKPOINTED: ["the sweep"] * 3 + ["a poll"] * 3 + ["the platform"],
     State.CLOSING: ["the sweep"] * 5,
     State.RETIRED: ["the sweep"] * 5,
-    State.PARKED: ["the sweep"] * 5,
+    # Its owner comes back (a seed resumes it).
+    State.PARKED: ["a poll"] * 3 + ["the sweep"] * 2,
+    State.LOST: ["the sweep"] * 5,  # nothing moves it: the sweep leaves it alone
 }
 # Each list of moves starts with the next step: Hypothesis shrinks towards it, and its
 # first runs (each choice its first) then walk the protocol to its ends.
@@ -69,20 +92,30 @@ WHEN = [*["late"] * 4, "at-deadline", "now", "raced"]
 # fence's checkpoint expiring before the sweep parks the slot makes the sweep retire it,
 # which breaks "retired only from unseeded" (an open question, not explored here).
 LATER = [1, IDLE, IDLE + 1, 10 * IDLE]
-# The owner's poll (then a thaw), one whose thaw was lost (the seed function died after
-# the touch), or an intruder's.
-POLLS = ["owner", "owner-thaw-lost", "intruder"]
+# The owner's poll (then a thaw; on a parked slot, its seed resumes it), one whose thaw was
+# lost (the seed function died after the touch), an intruder's, the owner's keepalive.
+POLLS = ["owner", "owner-thaw-lost", "intruder", "keepalive"]
 # What the slot's task may do, by the state it reads: mostly its next step, sometimes a
 # late or misdirected one (refused or acknowledged). Repeated: likelier.
 _TOO_LATE = ["record", "freeze", "fail", "thawed", "runs"]  # its task is stopped
-TASK_MOVES: dict[State, list[str]] = {
+TASK_MOVES: dict[State | str, list[str]] = {
     State.UNSEEDED: ["runs", "runs", "first-seeded", "lost", "record"],
     State.SEEDING: [
         "first-failed",
-        "first-seeded",
-        "latest-seeded",
-        "latest-failed",
         "runs",
+        "latest-seeded",
+        "first-seeded",
+        "latest-failed",
+        "lost",
+        "latest-wrong-kind",  # a snapshot's verdict on a resume, or the reverse: refused
+    ],
+    # A seeding slot that restores its parked checkpoint (`SlotRecord.resuming`).
+    "resuming": [
+        "latest-seeded",
+        "runs",
+        "latest-failed",
+        "latest-wrong-kind",
+        "first-seeded",  # the parked attempt's: superseded
         "lost",
     ],
     State.SEEDED: [
@@ -100,20 +133,20 @@ TASK_MOVES: dict[State, list[str]] = {
     State.CLOSING: _TOO_LATE,
     State.RETIRED: _TOO_LATE,
     State.PARKED: _TOO_LATE,
+    State.LOST: _TOO_LATE,
 }
-
-
-def waits_on(record: SlotRecord) -> list[str]:
-    """The actors `record` waits on, repeated by how likely each is to move next."""
-    task = ["the slot task"] * 5
-    if record.state is State.UNSEEDED and record.incarnation is None:
-        return task  # to run: its launch settles, and only then may it be fenced
-    checkpoint_open = any(
-        e.kind is OpKind.CHECKPOINT and not e.settled for e in record.window.entries
-    )
-    if record.state is State.SEEDED and (checkpoint_open or record.frozen_at is not None):
-        return task  # thawed by a poll: to resume its sandbox and abandon its checkpoint
-    return WAITS_ON[record.state]
+# A stopping task: mostly its next step (checkpoint, freeze, upload, park), or its
+# checkpoint fails (lost), or it is killed before it is done.
+STOP_MOVES = [*["next"] * 4, "fail", "dies"]
+# The platform stops the task: with a SIGTERM (a stop timeout to act in), or kills it.
+PLATFORM = ["sigterm", "sigterm", "sigkill"]
+# The stop timeout, in the stopping task's moves: a seeded slot's task needs four to park
+# it (ask, freeze, upload, park); with fewer, its budget runs out and the slot is lost.
+# Mostly enough (first: what shrinking goes to).
+BUDGETS = st.sampled_from([6, 1, 6, 3, 6, 0])
+# Why a slot is lost: the sweep found its task stopped; its stopping task ran out of time
+# or could not make a checkpoint that holds its work.
+LOSS_REASONS = {"task-stopped", "stop-timeout", "stop-checkpoint-failed"}
 
 
 # Each sweep fence and the one state it may leave.
@@ -126,9 +159,30 @@ RETENTION = 30 * 86_400  # the checkpoints the slot task records are kept this l
 TOMBSTONE = 86_400
 _slots = itertools.count()
 REACHED: set[State] = set()  # every state some run of the machine reached
+# Every move of resume and loss some run wrote.
+MOVED: set[str] = set()
+MOVES = {
+    "resume",
+    "resumed-seed",
+    "keepalive",
+    "checkpoint-on-stop",
+    "park-on-stop",
+    "lost-by-the-task",
+    "lost-by-the-sweep",
+}
 
 
-def run_machine(lifecycle: Lifecycle, table: Table) -> None:
+# Where a run starts. The whole protocol from a birth (or from a slot already seeded, so
+# that runs reach the checkpoint path often); and, in a second run of short walks, the
+# platform's stop and the owner's return, so that their moves are many whatever the first
+# run draws.
+STARTS = ["seeded", "cold", "seeding"]
+RETURNS = ["stopping", "parked"]
+
+
+def run_machine(
+    lifecycle: Lifecycle, table: Table, starts: list[str], *, examples: int, steps: int
+) -> None:
     class LifecycleMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
@@ -136,18 +190,25 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
             self.now = NOW
             self.highest_rev = 0
             self.outcomes: dict[int, str | None] = {}
-            self.previous_state: State | None = None
+            self.previous: SlotRecord | None = None
             self.stale: SlotRecord | None = None
             self.frozen: dict[str, Any] | None = None  # a record this code may never write
             self.touched_until = 0  # the latest deadline an owner's poll set
             self.fenced_from: State | None = None
             self.current: SlotRecord | None = None  # as read after the last step
             self.acted = False  # `someone_acts` ran (see the adversaries' preconditions)
+            self.stopping: str | None = None  # the incarnation the platform is stopping
+            self.gone: str | None = None  # the incarnation whose task is gone
+            self.budget = 0  # the stopping task's moves left before the platform ends it
+            self.restored: set[str] = set()  # checkpoints a resume restored from
+            self.owed: set[str] = set()  # ...and those found owed
 
         def teardown(self) -> None:
             # Each run's slot is its own. Left behind, it would slow every later birth: moto
             # runs a transaction on a copy of the whole table.
             table.delete_item(Key=slot_key(self.slot))
+            for key in self.owed:
+                table.delete_item(Key=debt_key(self.slot, key))
 
         # -- helpers -------------------------------------------------------------
         def item(self) -> dict[str, Any] | None:
@@ -160,7 +221,13 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
             return self.current
 
         def poll(self, record: SlotRecord, *, by_owner: bool) -> Written | Conflict:
-            poll = transitions.Poll(
+            touched = lifecycle.touch(self.slot, self.polled(record, by_owner=by_owner))
+            if isinstance(touched, Written):
+                self.touched_until = max(self.touched_until, self.now + IDLE)
+            return touched
+
+        def polled(self, record: SlotRecord, *, by_owner: bool) -> transitions.Poll:
+            return transitions.Poll(
                 Binding(
                     owner=record.owner if by_owner else owner(run="intruder"),
                     seed=record.seed,
@@ -169,10 +236,22 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
                 now=self.now,
                 idle_deadline=self.now + IDLE,
             )
-            touched = lifecycle.touch(self.slot, poll)
-            if isinstance(touched, Written):
-                self.touched_until = max(self.touched_until, poll.idle_deadline)
-            return touched
+
+        def stopped(self, record: SlotRecord) -> transitions.Stopping:
+            assert record.incarnation is not None
+            return transitions.Stopping(
+                attempt=record.attempt, incarnation=record.incarnation, now=self.now
+            )
+
+        def lose(self, record: SlotRecord, reason: str) -> Written | None:
+            """LOSE, with why; the loss's record kept as long as a park would be."""
+            assert record.incarnation is not None
+            loss = Loss(reason=reason, detail=f"{reason} at {self.now}", at=self.now)
+            lost = transitions.Lost(
+                incarnation=record.incarnation, loss=loss, expires_at=self.now + RETENTION
+            )
+            outcome = lifecycle.write(transitions.LOSE, record, lost)
+            return outcome if isinstance(outcome, Written) else None
 
         @staticmethod
         def checkpoint_op(record: SlotRecord) -> OpRef:
@@ -183,16 +262,64 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
                 else OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=record.attempt)
             )
 
+        @staticmethod
+        def open_checkpoint(record: SlotRecord) -> OpRef | None:
+            return next(
+                (
+                    e.ref
+                    for e in record.window.entries
+                    if e.kind is OpKind.CHECKPOINT
+                    and e.generation == record.attempt
+                    and not e.settled
+                ),
+                None,
+            )
+
+        def waits_on(self, record: SlotRecord) -> list[str]:
+            """The actors `record` waits on, repeated by how likely each is to move next."""
+            task = ["the slot task"] * 5
+            if record.incarnation is not None and record.state in LIVE_STATES:
+                if record.incarnation == self.stopping:
+                    return task * 2  # within its stop budget: checkpointing, then parking
+                if record.incarnation == self.gone and record.state in LOSABLE:
+                    return ["the sweep"] * 5  # to find it stopped
+            if record.state is State.UNSEEDED and record.incarnation is None:
+                return task  # to run: its launch settles, and only then may it be fenced
+            checkpoint_open = any(
+                e.kind is OpKind.CHECKPOINT and not e.settled for e in record.window.entries
+            )
+            if record.state is State.SEEDED and (checkpoint_open or record.frozen_at is not None):
+                return task  # thawed by a poll: to resume its sandbox and abandon its checkpoint
+            return WAITS_ON[record.state]
+
         # -- rules -------------------------------------------------------------------
         @initialize(
-            start=st.sampled_from(["seeded", "cold", "seeding"]),
+            start=st.sampled_from(starts),
             running=st.booleans(),
             claimed=st.booleans(),
+            killed=st.booleans(),
+            budget=BUDGETS,
         )
-        def birth(self, start: str, running: bool, claimed: bool) -> None:
+        def birth(
+            self, start: str, running: bool, claimed: bool, killed: bool, budget: int
+        ) -> None:
             """Born cold or seeding, its task perhaps `running` (its incarnation recorded);
             or already seeded (running, its restore settled), so that runs reach the
-            checkpoint path often."""
+            checkpoint path often; or, a claimed slot brought there through the checkpoint
+            path, already parked (so that runs reach its resume often), or seeded (asked
+            to checkpoint if `running`) as the platform stops its task (with a stop
+            `budget`), or has `killed` it."""
+            incarnation = f"local:{self.slot}:1"
+            if start in {"parked", "stopping"}:
+                state = State.CHECKPOINTING if running else State.SEEDED
+                record = stored_in(
+                    lifecycle, self.slot, State.PARKED if start == "parked" else state, incarnation
+                )
+                # Idle already, unless its task is stopped before the sweep asks.
+                self.now = NOW if record.state is State.SEEDED else EXPIRED
+                if start == "stopping":
+                    self.the_platform_stops(record, "sigkill" if killed else "sigterm", budget)
+                return
             born = lifecycle.birth(
                 self.slot,
                 Binding(
@@ -210,9 +337,7 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
             launched = lifecycle.write(
                 transitions.RECORD_INCARNATION,
                 born.record,
-                transitions.Launched(
-                    incarnation=f"local:{self.slot}", launch=born.entry.ref, now=self.now
-                ),
+                transitions.Launched(incarnation=incarnation, launch=born.entry.ref, now=self.now),
             )
             assert isinstance(launched, Written)
             if start == "seeded":
@@ -227,7 +352,7 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
         def someone_acts(self, data: st.DataObject) -> None:
             """One actor's move: the actor drawn (`ACTORS`, `WAITS_ON`), then its move."""
             record = self.record()
-            waited_on = waits_on(record) if record else []
+            waited_on = self.waits_on(record) if record else []
             actor = data.draw(st.sampled_from([*waited_on, *ACTORS]), label="actor")
             self.acted = True
             if actor == "time passes":
@@ -236,12 +361,14 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
                 return
             elif actor == "the sweep":
                 self.the_sweep_looks(record, data.draw(st.sampled_from(WHEN), label="when"))
+            elif actor == "the platform":
+                self.the_platform_stops(
+                    record,
+                    data.draw(st.sampled_from(PLATFORM), label="stop"),
+                    data.draw(BUDGETS, label="budget"),
+                )
             elif actor == "the slot task":
-                move = data.draw(st.sampled_from(TASK_MOVES[record.state]), label="move")
-                if move in {"runs", "lost"} or move.startswith(("first", "latest")):
-                    self.the_birth_task(record, move)
-                else:
-                    self.the_checkpointing_task(record, move)
+                self.the_slot_task(record, data)
             elif actor == "a poll":
                 self.a_poll(record, data.draw(st.sampled_from(POLLS), label="poll"))
             else:
@@ -252,34 +379,88 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
                     data.draw(st.sampled_from(["ok", "failed"]), label="outcome"),
                 )
 
+        def the_slot_task(self, record: SlotRecord, data: st.DataObject) -> None:
+            """The task of the record's incarnation: stopping, gone, or at work."""
+            ours = record.incarnation is not None and record.state in LIVE_STATES
+            if ours and record.incarnation == self.stopping:
+                self.the_stopping_task(record, data.draw(st.sampled_from(STOP_MOVES), label="move"))
+                return
+            if ours and record.incarnation == self.gone and record.state in LOSABLE:
+                return  # nothing runs any more
+            moves = TASK_MOVES["resuming" if record.resuming else record.state]
+            move = data.draw(st.sampled_from(moves), label="move")
+            if move in {"runs", "lost"} or move.startswith(("first", "latest")):
+                self.the_birth_task(record, move)
+            else:
+                self.the_checkpointing_task(record, move)
+
         def a_poll(self, record: SlotRecord, poll: str) -> None:
             """A touch (the owner's, or an intruder's: refused). A sweep that reads the
             slot right after it finds it not idle. The seed function then moves a slot
             being checkpointed back to seeded (it tries any other state: the thaw refuses
-            it), unless it died in between."""
-            touched = self.poll(record, by_owner=poll != "intruder")
-            if isinstance(touched, Written):
-                assert poll != "intruder"
-                self.sweep_fences(touched.record)
-                if poll == "owner":
-                    params = transitions.Poll(
-                        touched.record.binding, now=self.now, idle_deadline=self.now + IDLE
-                    )
-                    thawed = lifecycle.write(transitions.THAW, touched.record, params)
-                    if isinstance(thawed, Written):
-                        assert touched.record.state in transitions.CHECKPOINT_STATES
+            it), unless it died in between; on a parked slot (the touch refused) it
+            resumes it for the owner. A keepalive is a touch without a seed."""
+            if poll == "keepalive":
+                keep = transitions.KeepAlive(
+                    owner=record.owner, now=self.now, idle_deadline=self.now + IDLE
+                )
+                kept = lifecycle.keepalive(self.slot, keep, seeded=record.seed is not None)
+                if isinstance(kept, Written):
+                    assert record.state in LIVE_STATES
+                    self.touched_until = max(self.touched_until, keep.idle_deadline)
+                    MOVED.add("keepalive")
+                    self.sweep_fences(kept.record)
+                return
+            by_owner = poll != "intruder"
+            touched = self.poll(record, by_owner=by_owner)
+            if isinstance(touched, Conflict):
+                self.the_seed_resumes(record, by_owner=by_owner)
+                return
+            assert by_owner
+            self.sweep_fences(touched.record)
+            if poll == "owner":
+                params = self.polled(touched.record, by_owner=True)
+                thawed = lifecycle.write(transitions.THAW, touched.record, params)
+                if isinstance(thawed, Written):
+                    assert touched.record.state in transitions.CHECKPOINT_STATES
+
+        def the_seed_resumes(self, record: SlotRecord, *, by_owner: bool) -> None:
+            """The seed function on a slot its touch could not extend: a parked one is
+            resumed from its checkpoint, for its owner alone."""
+            params = self.polled(record, by_owner=by_owner)
+            resumed = lifecycle.write(transitions.RESUME, record, params)
+            if not isinstance(resumed, Written):
+                return
+            assert by_owner, "only the slot's owner resumes it"
+            assert record.state is State.PARKED
+            assert resumed.record.checkpoint is not None
+            self.restored.add(resumed.record.checkpoint.key)
+            self.touched_until = max(self.touched_until, params.idle_deadline)
+            self.stopping = self.gone = None  # a new task, not yet launched
+            MOVED.add("resume")
 
         def the_sweep_looks(self, record: SlotRecord, when: str) -> None:
             """The idle sweep reads the slot (mostly once its deadline has passed: `late`,
             or exactly at it) and writes what its state allows: a checkpoint request, a
-            fence or a park fence; on `closing`, after the stop, it parks or retires.
-            `raced`: the owner's poll comes between the sweep's read and its write, and
-            wins."""
+            fence or a park fence; on `closing`, after the stop, it parks or retires. A
+            running seeded slot whose task it finds stopped is recorded lost, unless its
+            checkpoint counts (that one is parked). `raced`: the owner's poll comes between
+            the sweep's read and its write, and wins."""
             if when != "now":
                 past = 0 if when == "at-deadline" else 1
                 self.now = max(self.now, record.idle_deadline + past)
             if record.state in {State.CLOSING, *ENDED_STATES}:
                 self.finish(record)
+                return
+            gone = record.incarnation is not None and record.incarnation == self.gone
+            counts = counts_for(
+                record.checkpoint, owner=record.owner, incarnation=record.incarnation, now=self.now
+            )
+            expired = record.idle_deadline < self.now
+            parkable = record.state is State.CHECKPOINTED and counts
+            if gone and expired and record.state in LOSABLE and not parkable:
+                if self.lose(record, "task-stopped") is not None:
+                    MOVED.add("lost-by-the-sweep")
                 return
             raced = when == "raced" and isinstance(self.poll(record, by_owner=True), Written)
             self.sweep_fences(record, raced=raced)
@@ -322,17 +503,79 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
                 transitions.Parked(stop=stop, now=self.now, expires_at=kept + TOMBSTONE),
             )
 
+        def the_platform_stops(self, record: SlotRecord, how: str, budget: int) -> None:
+            """The platform stops the slot's task: SIGTERM gives a running seeded slot's
+            task `budget` moves to checkpoint in (any other task just exits, as one
+            stopped by the sweep itself does); SIGKILL ends it with no word."""
+            incarnation = record.incarnation
+            if incarnation is None or incarnation == self.gone:
+                return  # no task known to stop
+            if how == "sigterm" and record.state in LOSABLE:
+                self.stopping, self.budget = incarnation, budget
+            else:
+                self.gone = incarnation
+
+        def the_stopping_task(self, record: SlotRecord, move: str) -> None:
+            """The supervisor within its stop budget: its next step, or its capture or
+            upload fails (there is no time to try again), or it is killed on the way.
+            Its budget spent, it records the loss."""
+            if self.budget == 0:
+                self.gives_up(record, "stop-timeout")
+                return
+            self.budget -= 1
+            if move == "dies":
+                self.gone = record.incarnation
+            elif move == "fail":
+                self.gives_up(record, "stop-checkpoint-failed")
+            else:
+                self.next_stop_step(record, self.open_checkpoint(record))
+
+        def next_stop_step(self, record: SlotRecord, op: OpRef | None) -> None:
+            """Works on its open checkpoint (its own, or the sweep's): freezes, uploads;
+            then parks, if the checkpoint holds the work (the table decides), or asks for
+            its own; with neither, the loss is recorded."""
+            if op is not None and record.state is State.CHECKPOINTING and not record.frozen_at:
+                freezing = transitions.Freezing(attempt=record.attempt, op=op, now=self.now)
+                lifecycle.write(transitions.FREEZE, record, freezing)
+                return
+            if op is not None:
+                self.the_checkpointing_task(record, "record")
+                return
+            if record.checkpoint is not None:
+                parked = lifecycle.write(transitions.PARK_ON_STOP, record, self.stopped(record))
+                if isinstance(parked, Written):
+                    MOVED.add("park-on-stop")
+                    self.gone = record.incarnation
+                    return
+            if record.state is State.SEEDED:
+                asked = lifecycle.write(
+                    transitions.CHECKPOINT_ON_STOP, record, self.stopped(record)
+                )
+                if isinstance(asked, Written):
+                    MOVED.add("checkpoint-on-stop")
+            else:  # checkpointed, not parked: lost (refused if its checkpoint counts)
+                self.gives_up(record, "stop-checkpoint-failed")
+
+        def gives_up(self, record: SlotRecord, reason: str) -> None:
+            """The stopping task records its slot lost, and goes."""
+            if self.lose(record, reason) is not None:
+                MOVED.add("lost-by-the-task")
+            self.gone = record.incarnation
+
         def the_birth_task(self, record: SlotRecord, move: str) -> None:
             """It runs (its incarnation recorded), gives its verdict (the first attempt's,
-            perhaps superseded, or the latest's), or is lost and replaced."""
+            perhaps superseded, or the latest's: restored from the checkpoint when it
+            resumes), or is lost and replaced."""
+            restores = [e for e in record.window.entries if e.kind is OpKind.RESTORE]
             if move == "runs":
                 if record.window.entries:
+                    launch = restores[-1] if restores else record.window.entries[0]
                     lifecycle.write(
                         transitions.RECORD_INCARNATION,
                         record,
                         transitions.Launched(
-                            incarnation=f"local:{self.slot}",
-                            launch=record.window.entries[0].ref,
+                            incarnation=f"local:{self.slot}:{launch.generation}",
+                            launch=launch.ref,
                             now=self.now,
                         ),
                     )
@@ -345,25 +588,29 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
                     assert record.state is State.SEEDING
                     assert outcome.record.attempt == record.attempt + 1
                     assert outcome.record.window.unsettled >= record.window.unsettled
+                    assert outcome.record.checkpoint == record.checkpoint
                 return
-            restores = [e for e in record.window.entries if e.kind is OpKind.RESTORE]
             restore = (
                 restores[-1].ref
                 if restores
                 else OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=1)
             )
+            resumed = record.resuming != (move == "latest-wrong-kind")
             outcome = lifecycle.write(
                 transitions.SETTLE_SEED,
                 record,
                 transitions.Verdict(
                     attempt=1 if move.startswith("first") else record.attempt,
                     restore=restore,
-                    result=failure() if move.endswith("failed") else success(),
+                    result=failure() if move.endswith("failed") else success(resumed=resumed),
                     now=self.now,
                 ),
             )
             if isinstance(outcome, Written):
                 assert record.state is State.SEEDING
+                assert move != "latest-wrong-kind", "a verdict of the other kind"
+                if record.resuming and outcome.record.state is State.SEEDED:
+                    MOVED.add("resumed-seed")
 
         def the_checkpointing_task(self, record: SlotRecord, move: str) -> None:
             """The supervisor on its checkpoint op: freezes, has the checkpoint function
@@ -462,11 +709,15 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
         @rule()
         def a_stale_writer_tries_everything(self) -> None:
             """A record read earlier, since written over, is replayed into every
-            transition."""
+            transition (a resumed verdict with its debt too: neither is written)."""
             stale, current = self.stale, self.record()
             assert stale is not None
             assert current is not None
             at = transitions.At(now=self.now)
+            incarnation = stale.incarnation or "local:stale"
+            stopping = transitions.Stopping(stale.attempt, incarnation, now=self.now)
+            loss = Loss(reason="task-stopped", detail="stale", at=self.now)
+            restores = [e for e in stale.window.entries if e.kind is OpKind.RESTORE]
             attempts = [
                 *(lifecycle.write(fence, stale, at) for fence in SWEEP_FENCES),
                 lifecycle.write(
@@ -483,7 +734,22 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
                         now=self.now,
                     ),
                 ),
+                lifecycle.write(transitions.RESUME, stale, self.polled(stale, by_owner=True)),
+                lifecycle.write(transitions.CHECKPOINT_ON_STOP, stale, stopping),
+                lifecycle.write(transitions.PARK_ON_STOP, stale, stopping),
+                lifecycle.write(
+                    transitions.LOSE,
+                    stale,
+                    transitions.Lost(incarnation, loss, expires_at=self.now + RETENTION),
+                ),
             ]
+            if stale.resuming and restores:
+                owed = set(lifecycle.debts(self.slot))
+                verdict = transitions.Verdict(
+                    stale.attempt, restores[-1].ref, success(resumed=True), now=self.now
+                )
+                attempts.append(lifecycle.write(transitions.SETTLE_SEED, stale, verdict))
+                assert set(lifecycle.debts(self.slot)) == owed, "a lost write owes nothing"
             assert not any(isinstance(outcome, Written) for outcome in attempts)
             self.stale = current
 
@@ -518,6 +784,7 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
             classified = classify(self.slot, item)
             assert isinstance(classified, Supported), classified
             record = self.current = classified.record
+            previous, self.previous = self.previous, record
             # rev only grows, the window holds, settled outcomes never change.
             assert record.rev >= self.highest_rev
             self.highest_rev = record.rev
@@ -525,33 +792,101 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
             for entry in record.window.entries:
                 if entry.settled:
                     assert self.outcomes.setdefault(entry.ordinal, entry.outcome) == entry.outcome
-            if record.state is State.CLOSING and self.previous_state is not State.CLOSING:
+            REACHED.add(record.state)
+            if record.state in ENDED_STATES:
+                assert record.frozen_at is None  # no task left to be frozen
+            self.superseded_checkpoints_are_owed(record)
+            if previous is None or previous.state is record.state:
+                self.a_parked_slot_is_kept(record)
+                return
+            # A move: each state entered only the way it may be.
+            if record.state is State.CLOSING:
                 # Fenced: only an idle cold slot or a checkpointed one, never while an
                 # owner's poll holds it.
-                assert self.previous_state in FENCED_FROM
+                assert previous.state in FENCED_FROM
                 assert self.now > self.touched_until
-                self.fenced_from = self.previous_state
+                self.fenced_from = previous.state
             if record.state is State.PARKED:
-                # Only a park fence leads here, and only with this owner's checkpoint of
-                # this incarnation, kept at least as long as the record.
-                assert self.fenced_from is State.CHECKPOINTED
-                assert record.checkpoint is not None
-                assert record.checkpoint.owner == record.owner
-                assert record.checkpoint.incarnation == record.incarnation
-                assert record.expires_at is not None
-                assert record.expires_at >= record.checkpoint.expires_at
+                self.parked_only_with_its_work_verified(previous, record)
+            if record.state is State.LOST:
+                self.lost_only_when_its_work_is_gone(previous, record)
             if record.state is State.RETIRED:
                 assert self.fenced_from is State.UNSEEDED
             if record.state is State.CHECKPOINTED:
                 assert record.checkpoint is not None
-            self.previous_state = record.state
-            REACHED.add(record.state)
+            if previous.state is State.PARKED:
+                # Resumed: a new attempt restoring what was parked, no task of it yet.
+                assert record.state is State.SEEDING
+                assert record.resuming
+                assert record.checkpoint == previous.checkpoint
+                assert record.attempt == previous.attempt + 1
+                assert record.incarnation is None
+            self.a_parked_slot_is_kept(record)
+
+        def a_parked_slot_is_kept(self, record: SlotRecord) -> None:
+            """A parked slot names its owner's checkpoint of its last incarnation, still
+            kept (no run lasts as long as the retention), and is kept no less long."""
+            if record.state is not State.PARKED:
+                return
+            assert record.checkpoint is not None
+            assert counts_for(
+                record.checkpoint, owner=record.owner, incarnation=record.incarnation, now=self.now
+            )
+            assert record.expires_at is not None
+            assert record.expires_at >= record.checkpoint.expires_at
+
+        def parked_only_with_its_work_verified(
+            self, previous: SlotRecord, record: SlotRecord
+        ) -> None:
+            """Through the sweep's park fence, or by the stopping task itself with a
+            checkpoint captured since it froze the sandbox (never resumed since)."""
+            if previous.state is State.CLOSING:
+                assert self.fenced_from is State.CHECKPOINTED
+                return
+            assert previous.state in {State.CHECKPOINTED, State.SEEDED}
+            assert previous.incarnation == self.stopping
+            checkpoint = previous.checkpoint
+            assert checkpoint is not None
+            assert previous.frozen_at is not None
+            assert checkpoint.created_at >= previous.frozen_at
+            assert record.checkpoint == checkpoint
+
+        def lost_only_when_its_work_is_gone(self, previous: SlotRecord, record: SlotRecord) -> None:
+            """From a running seeded slot whose task was stopped, never a checkpointed one
+            whose checkpoint counts (that one is parked); and it says why."""
+            assert previous.state in LOSABLE
+            assert record.loss is not None
+            assert record.loss.reason in LOSS_REASONS
+            assert record.incarnation in {self.stopping, self.gone}
+            assert record.window.unsettled == 0
+            counted = counts_for(
+                previous.checkpoint,
+                owner=previous.owner,
+                incarnation=previous.incarnation,
+                now=record.loss.at,
+            )
+            assert not (previous.state is State.CHECKPOINTED and counted), "parked, never lost"
+
+        def superseded_checkpoints_are_owed(self, record: SlotRecord) -> None:
+            """A checkpoint a resume restored from is owed once the record stops naming
+            it (its resumed attempt seeded), never while it is named."""
+            named = {record.checkpoint.key} if record.checkpoint else set()
+            if record.resuming:
+                self.restored |= named
+            superseded = self.restored - named
+            if superseded <= self.owed:
+                return
+            owed = set(lifecycle.debts(self.slot))
+            assert superseded <= owed, "a superseded checkpoint is owed"
+            assert not named & owed, "a checkpoint still named is never owed"
+            assert record.state is State.SEEDED  # owed by the resumed seed's own write
+            self.owed = owed
 
     run_state_machine_as_test(
         LifecycleMachine,
         settings=settings(
-            max_examples=100,
-            stateful_step_count=25,
+            max_examples=examples,
+            stateful_step_count=steps,
             deadline=None,
             derandomize=True,
             suppress_health_check=[HealthCheck.too_slow],
@@ -560,8 +895,10 @@ def run_machine(lifecycle: Lifecycle, table: Table) -> None:
 
 
 def test_lifecycle_state_machine(lifecycle: Lifecycle, table: Table) -> None:
-    run_machine(lifecycle, table)
+    run_machine(lifecycle, table, STARTS, examples=100, steps=25)
+    run_machine(lifecycle, table, RETURNS, examples=30, steps=10)
     assert set(State) <= REACHED, "the machine never reached " + str(set(State) - REACHED)
+    assert MOVES <= MOVED, "the machine never wrote " + str(MOVES - MOVED)
 
 
 def test_conflicts_carry_the_current_record_not_a_guess(lifecycle: Lifecycle) -> None:

@@ -17,7 +17,7 @@ from seedkeeper import config
 from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import RetentionSettings, new_checkpoint
 from seedkeeper.domain.models import Binding, OwnerClaim, SeedIdentity
-from seedkeeper.domain.record import SeedSucceeded, SlotRecord, slot_key
+from seedkeeper.domain.record import Loss, SeedSucceeded, SlotRecord, Supported, slot_key
 from seedkeeper.store.lifecycle import Lifecycle, Written
 
 receipt_function = load_function("receipt")
@@ -234,4 +234,70 @@ def test_a_newer_or_malformed_record_is_refused_by_seed_unknown_to_receipts_and_
     assert (status, answer["checkpoint"]) == (200, "unknown")
     assert invoke(evidence_function, event("slot-evidence"))[0] == 404
     assert stack.table.get_item(Key=slot_key(SLOT), ConsistentRead=True)["Item"] == item
+    assert runtime_calls == []
+
+
+def lose(lifecycle: Lifecycle, record: SlotRecord, *, at: int) -> SlotRecord:
+    """The slot's task found stopped by the platform with nothing verified of its work."""
+    loss = Loss(reason="spot-interruption", detail="SpotInterruption: capacity reclaimed", at=at)
+    lost = transitions.Lost(
+        incarnation=REQUEST["incarnation"],
+        loss=loss,
+        expires_at=at + RetentionSettings().park_retention,
+    )
+    return written(lifecycle.write(transitions.LOSE, record, lost))
+
+
+LOST_RECEIPT = {
+    "slot": SLOT,
+    "checkpoint": "lost",
+    "why": "spot-interruption",
+    "size": None,
+    "sha256": None,
+    "created_at": None,
+    "expires_at": None,
+    "parked": False,
+    "retention_expires_at": None,
+}
+
+
+def test_a_lost_slot_s_receipt_says_lost_and_why(stack: Stack, runtime_calls: list[str]) -> None:
+    lifecycle, record = seeded_slot(stack)
+    lose(lifecycle, record, at=NOW + 900)
+    assert invoke(receipt_function, event("receipt")) == (200, LOST_RECEIPT)
+    assert runtime_calls == []
+
+
+def test_a_lost_slot_shows_no_facts_of_a_checkpoint_that_is_not_its_work(
+    checkpointed: Checkpointed, runtime_calls: list[str]
+) -> None:
+    """Its checkpoint expired before the task stopped: still named, still in R2, but it
+    is not the work that was lost, so no receipt vouches for it."""
+    lifecycle = checkpointed.lifecycle
+    classified = lifecycle.read(SLOT)
+    assert isinstance(classified, Supported)
+    checkpoint = classified.record.checkpoint
+    assert checkpoint is not None
+    lost = lose(lifecycle, classified.record, at=checkpoint.expires_at)
+    assert lost.checkpoint == checkpoint
+    assert checkpointed.stack.r2.head(checkpointed.key) is not None
+    assert invoke(receipt_function, event("receipt")) == (200, LOST_RECEIPT)
+    assert runtime_calls == []
+
+
+def test_evidence_of_a_lost_slot_says_so(stack: Stack, runtime_calls: list[str]) -> None:
+    lifecycle, record = seeded_slot(stack)
+    lose(lifecycle, record, at=NOW + 900)
+    status, answer = invoke(evidence_function, event("slot-evidence"))
+    assert (status, answer) == (
+        200,
+        {
+            "slot": SLOT,
+            "incarnation": REQUEST["incarnation"],
+            "state": "lost",
+            "checkpoint": "lost",
+            "disposition": "lost",
+        },
+    )
+    assert invoke(evidence_function, event("slot-evidence-wrong-claim"))[0] == 404
     assert runtime_calls == []

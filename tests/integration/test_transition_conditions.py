@@ -6,6 +6,7 @@ Every transition, against a record in every state, with params that pass and tha
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -13,7 +14,19 @@ from boto3.dynamodb.conditions import ConditionBase
 from botocore.exceptions import ClientError
 from mypy_boto3_dynamodb.service_resource import Table
 
-from builders import EXPIRED, IDLE, INCARNATION, NOW, checkpoint, owner, record_in, success
+from builders import (
+    EXPIRED,
+    IDLE,
+    INCARNATION,
+    NOW,
+    changed,
+    checkpoint,
+    loss,
+    owner,
+    record_in,
+    seed,
+    success,
+)
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind, OpRef
@@ -29,6 +42,13 @@ def upload(record: SlotRecord, generation: int) -> OpRef:
     return OpRef(ordinal=2, actor=Actor.SLOT_TASK, generation=generation)
 
 
+# The slot's own stopping task, a superseded attempt's, another incarnation's.
+STOPPING: list[Callable[[SlotRecord], Any]] = [
+    lambda r: transitions.Stopping(r.attempt, r.incarnation or INCARNATION, now=EXPIRED),
+    lambda r: transitions.Stopping(r.attempt + 1, r.incarnation or INCARNATION, now=EXPIRED),
+    lambda r: transitions.Stopping(r.attempt, "local:another:1", now=EXPIRED),
+]
+
 # Per transition: params built from the record (the slot's own, or a stranger's/a late one).
 PARAMS: dict[str, list[Callable[[SlotRecord], Any]]] = {
     "touch": [
@@ -38,6 +58,25 @@ PARAMS: dict[str, list[Callable[[SlotRecord], Any]]] = {
             r.binding.model_copy(update={"owner": owner(run="run-2")}),
             now=NOW,
             idle_deadline=NOW + IDLE,
+        ),
+    ],
+    "keepalive": [
+        lambda r: transitions.KeepAlive(r.owner, now=NOW, idle_deadline=NOW + IDLE),
+        lambda r: transitions.KeepAlive(None, now=NOW, idle_deadline=NOW + IDLE),
+        lambda r: transitions.KeepAlive(owner(run="run-2"), now=NOW, idle_deadline=NOW + IDLE),
+    ],
+    "resume": [
+        lambda r: transitions.Poll(r.binding, now=EXPIRED, idle_deadline=EXPIRED + IDLE),
+        lambda r: transitions.Poll(Binding(), now=EXPIRED, idle_deadline=EXPIRED + IDLE),
+        lambda r: transitions.Poll(
+            r.binding.model_copy(update={"seed": seed(sha="c" * 40)}),
+            now=EXPIRED,
+            idle_deadline=EXPIRED + IDLE,
+        ),
+        lambda r: transitions.Poll(
+            r.binding.model_copy(update={"origin": "https://git.example.com/acme/other.git"}),
+            now=EXPIRED,
+            idle_deadline=EXPIRED + IDLE,
         ),
     ],
     "record_incarnation": [
@@ -109,6 +148,12 @@ PARAMS: dict[str, list[Callable[[SlotRecord], Any]]] = {
         lambda r: transitions.At(EXPIRED + 1),
     ],
     "park": [lambda r: transitions.Parked(launch(r, 1), now=NOW, expires_at=EXPIRED)],
+    "checkpoint_on_stop": STOPPING,
+    "park_on_stop": STOPPING,
+    "lose": [
+        lambda r: transitions.Lost(r.incarnation or INCARNATION, loss(), expires_at=EXPIRED),
+        lambda r: transitions.Lost("local:another:1", loss(), expires_at=EXPIRED),
+    ],
     "note_retained": [lambda r: transitions.Retained("seeded", now=NOW)],
     "reserve": [lambda r: transitions.Reservation(OpKind.LAUNCH, Actor.SLOT_TASK, NOW)],
     "settle": [lambda r: transitions.Settlement(launch(r, 1), "launched", NOW)],
@@ -119,22 +164,38 @@ def test_every_transition_is_exercised() -> None:
     assert set(PARAMS) == {transition.name for transition in transitions.TRANSITIONS}
 
 
+def busy(state: State) -> SlotRecord:
+    """A record in `state` with other work in flight (a launch reserved)."""
+    return changed(
+        transitions.RESERVE.decide(
+            record_in(state), transitions.Reservation(OpKind.LAUNCH, Actor.SEED_FN, NOW)
+        )
+    ).record
+
+
+# A record in every state, and busy in the states whose window a check reads (`open_ops`).
+BUSY = (State.UNSEEDED, State.SEEDED, State.CHECKPOINTED)
+RECORDS: dict[str, Callable[[], SlotRecord]] = {
+    **{state.value: partial(record_in, state) for state in State},
+    **{f"{state}-busy": partial(busy, state) for state in BUSY},
+}
+
 CASES = [
-    pytest.param(transition, state, make, id=f"{transition.name}-{state}-{index}")
+    pytest.param(transition, reach, make, id=f"{transition.name}-{name}-{index}")
     for transition in transitions.TRANSITIONS
-    for state in State
+    for name, reach in RECORDS.items()
     for index, make in enumerate(PARAMS[transition.name])
 ]
 
 
-@pytest.mark.parametrize(("transition", "state", "make"), CASES)
+@pytest.mark.parametrize(("transition", "reach", "make"), CASES)
 def test_the_condition_holds_exactly_when_the_checks_do(
     table: Table,
     transition: transitions.Transition[Any],
-    state: State,
+    reach: Callable[[], SlotRecord],
     make: Callable[[SlotRecord], Any],
 ) -> None:
-    record = record_in(state)
+    record = reach()
     params = make(record)
     item = encode(record)
     table.put_item(Item=item)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -11,7 +12,7 @@ from boto3.dynamodb.conditions import BuiltConditionExpression, ConditionExpress
 from boto3.dynamodb.types import TypeSerializer
 from botocore.stub import ANY, Stubber
 
-from builders import IDLE, NOW, ORIGIN, checkpoint, owner, record_in, seed
+from builders import IDLE, NOW, ORIGIN, checkpoint, owner, record_in, seed, success
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind
@@ -144,8 +145,10 @@ OPERATORS = re.compile(
 )
 
 
-def sent_touch(table: Table, *, seeded: bool) -> tuple[dict[str, Any], BuiltConditionExpression]:
-    """The UpdateItem a touch sends, and its condition as boto3 builds it for the wire."""
+def sent_update(
+    table: Table, write: Callable[[Lifecycle], object]
+) -> tuple[dict[str, Any], BuiltConditionExpression]:
+    """The one UpdateItem `write` sends, and its condition as boto3 builds it for the wire."""
     sent: dict[str, Any] = {}
 
     def capture(params: dict[str, Any], **_: Any) -> None:
@@ -154,27 +157,36 @@ def sent_touch(table: Table, *, seeded: bool) -> tuple[dict[str, Any], BuiltCond
     table.meta.client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", capture)
     with Stubber(table.meta.client) as stub:
         stub.add_response("update_item", {"Attributes": wire(record_in(State.SEEDED))})
-        Lifecycle(table).touch(
-            "slot-1",
-            transitions.Poll(
-                Binding(
-                    owner=owner() if seeded else None,
-                    seed=seed() if seeded else None,
-                    origin=ORIGIN if seeded else None,
-                ),
-                now=NOW,
-                idle_deadline=NOW + IDLE,
-            ),
-        )
+        write(Lifecycle(table))
         stub.assert_no_pending_responses()
     return sent, ConditionExpressionBuilder().build_expression(sent["ConditionExpression"])
 
 
-@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "cold"])
-def test_a_touch_is_one_update_whose_condition_fits_dynamodb_limits(
-    table: Table, seeded: bool
-) -> None:
-    sent, condition = sent_touch(table, seeded=seeded)
+def sent_touch(table: Table, *, seeded: bool) -> tuple[dict[str, Any], BuiltConditionExpression]:
+    poll = transitions.Poll(
+        Binding(
+            owner=owner() if seeded else None,
+            seed=seed() if seeded else None,
+            origin=ORIGIN if seeded else None,
+        ),
+        now=NOW,
+        idle_deadline=NOW + IDLE,
+    )
+    return sent_update(table, lambda lifecycle: lifecycle.touch("slot-1", poll))
+
+
+def sent_keepalive(
+    table: Table, *, claimed: bool, seeded: bool
+) -> tuple[dict[str, Any], BuiltConditionExpression]:
+    keep = transitions.KeepAlive(
+        owner=owner() if claimed else None, now=NOW, idle_deadline=NOW + IDLE
+    )
+    return sent_update(table, lambda lifecycle: lifecycle.keepalive("slot-1", keep, seeded=seeded))
+
+
+def fits_dynamodb_limits(sent: dict[str, Any], condition: BuiltConditionExpression) -> None:
+    """A touch's shape: one UpdateItem of the deadline, answered with the new record or,
+    when its condition fails, the old one; the condition within DynamoDB's limits."""
     assert sent["UpdateExpression"] == "SET #deadline = :deadline, #updated = :now ADD #rev :one"
     assert (sent["ReturnValues"], sent["ReturnValuesOnConditionCheckFailure"]) == (
         "ALL_NEW",
@@ -185,22 +197,69 @@ def test_a_touch_is_one_update_whose_condition_fits_dynamodb_limits(
     assert len(OPERATORS.findall(expression)) <= MAX_OPERATORS
 
 
-def test_the_touch_condition_tests_every_attribute_the_codec_writes(table: Table) -> None:
-    """A new attribute in the codec must be added to the touch's condition too: every
-    attribute a record can carry, and every member of `result`, `checkpoint` and the
-    checkpoint's owner, is named in it (the key is the request's; `owner`, `seed` and
-    `origin` are pinned whole by equality; `result.steps` has open keys)."""
+@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "cold"])
+def test_a_touch_is_one_update_whose_condition_fits_dynamodb_limits(
+    table: Table, seeded: bool
+) -> None:
+    fits_dynamodb_limits(*sent_touch(table, seeded=seeded))
+
+
+@pytest.mark.parametrize(
+    ("claimed", "seeded"),
+    [(True, True), (False, True), (False, False)],
+    ids=["claimed", "unclaimed", "cold"],
+)
+def test_a_keepalive_is_one_update_whose_condition_fits_dynamodb_limits(
+    table: Table, claimed: bool, seeded: bool
+) -> None:
+    fits_dynamodb_limits(*sent_keepalive(table, claimed=claimed, seeded=seeded))
+
+
+def _items_the_codec_writes() -> list[Any]:
+    """Every attribute a record can carry, among these items: a seeded record with every
+    optional fact (a resumed seed's result too), a failed one, the ended ones."""
     richest = record_in(State.SEEDED).model_copy(
-        update={"checkpoint": checkpoint(), "retained_reason": "task-running"}
+        update={
+            "checkpoint": checkpoint(),
+            "retained_reason": "task-running",
+            "frozen_at": NOW,
+            "checkpoint_failures": 2,
+            "result": success(resumed=True),
+        }
     )
-    items = [
-        encode(richest),
-        encode(record_in(State.SEED_FAILED)),
-        encode(record_in(State.RETIRED)),
-    ]
-    carried = {name for item in items for name in item if name not in KEY}
-    for item in items:
-        carried |= set(item.get("result", {})) | set(item.get("checkpoint", {}))
-        carried |= set(item.get("checkpoint", {}).get("owner", {}))
+    items = {
+        "richest": richest,
+        "seed_failed": record_in(State.SEED_FAILED),
+        "retired": record_in(State.RETIRED),
+        "parked": record_in(State.PARKED),
+        "lost": record_in(State.LOST),
+    }
+    return [pytest.param(encode(record), id=name) for name, record in items.items()]
+
+
+def carried(item: dict[str, Any]) -> set[str]:
+    """The attribute names of `item` a touch's condition must name: the key is the
+    request's; `owner`, `seed` and `origin` are pinned whole by equality; `result.steps`
+    has open keys."""
+    names = {name for name in item if name not in KEY}
+    names |= set(item.get("result", {})) | set(item.get("checkpoint", {}))
+    return names | set(item.get("checkpoint", {}).get("owner", {}))
+
+
+@pytest.mark.parametrize("item", _items_the_codec_writes())
+def test_the_touch_condition_tests_every_attribute_the_codec_writes(
+    table: Table, item: dict[str, Any]
+) -> None:
+    """A new attribute in the codec must be added to the touch's condition too."""
     _, condition = sent_touch(table, seeded=True)
-    assert carried - set(condition.attribute_name_placeholders.values()) == set()
+    assert carried(item) - set(condition.attribute_name_placeholders.values()) == set()
+
+
+@pytest.mark.parametrize("item", _items_the_codec_writes())
+def test_the_keepalive_condition_tests_every_attribute_the_codec_writes(
+    table: Table, item: dict[str, Any]
+) -> None:
+    """As the touch's, for the kind of record the caller says it keeps alive (the seed
+    and origin the touch pins by equality too)."""
+    _, condition = sent_keepalive(table, claimed=True, seeded="seed" in item)
+    assert carried(item) - set(condition.attribute_name_placeholders.values()) == set()

@@ -7,7 +7,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from builders import IDLE, NOW, ORIGIN, checkpoint, owner, record_in, seed
+from builders import (
+    EXPIRED,
+    IDLE,
+    NOW,
+    ORIGIN,
+    checkpoint,
+    loss,
+    owner,
+    record_in,
+    seed,
+    success,
+)
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind, OpRef
@@ -172,3 +183,75 @@ def test_codec_round_trips_any_reachable_record(steps: list[str], claimed: bool)
         if isinstance(decision, transitions.Change):
             record = decision.record
         assert classify("slot-1", as_read(encode(record))) == Supported(record)
+
+
+def test_a_lost_record_says_why_expires_and_leaves_the_sweep_index() -> None:
+    lost = record_in(State.LOST)
+    assert lost.loss == loss()
+    item = encode(lost)
+    assert "sweep" not in item
+    assert item["loss"] == {"reason": "task-stopped", "detail": "exit code 137", "at": EXPIRED}
+    assert item["expires_at"] == lost.expires_at
+    assert classify("slot-1", as_read(item)) == Supported(lost)
+
+
+@pytest.mark.parametrize(
+    ("state", "changes", "complaint"),
+    [
+        (State.LOST, {"loss": None}, "lost"),  # lost, and not said why
+        (State.SEEDED, {"loss": loss()}, "lost"),  # a loss on a slot that runs
+        (State.PARKED, {"loss": loss()}, "lost"),
+        (State.LOST, {"expires_at": None}, "expires_at"),  # kept for ever
+        (State.LOST, {"frozen_at": EXPIRED}, "frozen"),  # no task left to be frozen
+        (State.PARKED, {"frozen_at": EXPIRED}, "frozen"),
+        (State.LOST, {"result": None}, "result"),  # its seed did succeed
+    ],
+)
+def test_a_lost_record_carries_exactly_its_facts(
+    state: State, changes: dict[str, Any], complaint: str
+) -> None:
+    with pytest.raises(ValueError, match=complaint):
+        SlotRecord.model_validate({**record_in(state).model_dump(), **changes})
+    # The same facts as an item: a model as its map, an absent fact as no attribute.
+    facts = {name: transitions.stored(value) for name, value in changes.items()}
+    item = {**as_read(encode(record_in(state))), **as_read(facts)}
+    item = {name: value for name, value in item.items() if value is not None}
+    classified = classify("slot-1", item)
+    assert isinstance(classified, Malformed)
+
+
+@pytest.mark.parametrize(
+    "loss_fields",
+    [
+        {"reason": "Spot Interruption"},  # a token, not the runtime's prose
+        {"reason": ""},
+        {"detail": "x" * 513},
+        {"at": -1},
+    ],
+)
+def test_a_loss_names_a_token_and_a_bounded_detail(loss_fields: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="loss"):
+        SlotRecord.model_validate(
+            {**record_in(State.LOST).model_dump(), "loss": loss().model_dump() | loss_fields}
+        )
+
+
+def test_only_a_seeding_record_naming_a_checkpoint_is_resuming() -> None:
+    seeding = record_in(State.SEEDING)
+    assert not seeding.resuming
+    assert seeding.model_copy(update={"checkpoint": checkpoint()}).resuming
+    assert not record_in(State.SEED_FAILED).model_copy(update={"checkpoint": checkpoint()}).resuming
+    assert not record_in(State.PARKED).resuming
+
+
+def test_a_resumed_result_reads_back_and_an_old_one_is_not_resumed() -> None:
+    resumed = record_in(State.SEEDED).model_copy(update={"result": success(resumed=True)})
+    item = encode(resumed)
+    assert item["result"]["resumed"] is True
+    assert classify("slot-1", as_read(item)) == Supported(resumed)
+    older = encode(record_in(State.SEEDED))
+    del older["result"]["resumed"]  # written before resumes existed
+    classified = classify("slot-1", as_read(older))
+    assert isinstance(classified, Supported)
+    assert isinstance(classified.record.result, SeedSucceeded)
+    assert classified.record.result.resumed is False
