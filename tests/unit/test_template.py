@@ -718,3 +718,39 @@ def test_the_slot_task_puts_only_slot_items(template: Template) -> None:
     assert [statement["Condition"] for statement in puts] == [
         {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["SLOT#*"]}}
     ]
+
+
+EXECUTOR_FUNCTIONS = ("seed", "receipt", "slot_evidence", "rotation")
+
+
+def test_the_executor_policy_grants_both_actions_on_the_executors_urls_only(
+    template: Template,
+) -> None:
+    """Function URLs created since October 2025 take a call only from a principal with both
+    `lambda:InvokeFunctionUrl` and `lambda:InvokeFunction`: the shipped policy has exactly
+    those, on the executor's four functions, the second only through their URLs; never the
+    checkpoint function (the slot task's)."""
+    policy = template["Resources"]["ExecutorPolicy"]
+    assert policy["Type"] == "AWS::IAM::ManagedPolicy"
+    ids = function_ids(template)
+    functions_ = [{"Fn::GetAtt": [ids[name], "Arn"]} for name in EXECUTOR_FUNCTIONS]
+    by_action = {
+        action: statement
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+        for action in as_list(statement["Action"])
+    }
+    assert set(by_action) == {"lambda:InvokeFunctionUrl", "lambda:InvokeFunction"}
+    for statement in by_action.values():
+        assert statement["Effect"] == "Allow"
+        assert as_list(statement["Resource"]) == functions_
+    assert by_action["lambda:InvokeFunctionUrl"]["Condition"] == {
+        "StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}
+    }
+    assert by_action["lambda:InvokeFunction"]["Condition"] == {
+        "Bool": {"lambda:InvokedViaFunctionUrl": "true"}
+    }
+    outputs = template["Outputs"]
+    assert outputs["ExecutorPolicyArn"]["Value"] == {"Ref": "ExecutorPolicy"}
+    for name, function in zip(EXECUTOR_FUNCTIONS, functions_, strict=True):
+        output = "".join(part.capitalize() for part in name.split("_")) + "FunctionArn"
+        assert outputs[output]["Value"] == function, output

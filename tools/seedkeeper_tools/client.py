@@ -107,7 +107,9 @@ class SeedkeeperClient:
 
     def keepalive(self, slot: str, claim: OwnerClaim | None) -> KeptAlive:
         """Extend `slot`'s idle deadline without a seed body (`claim` None: a cold slot's).
-        A slot being checkpointed is asked back, as a poll asks: `frozen` until it runs."""
+        Idle means no seed call and no keepalive for the idle window: work done in the slot
+        without either does not keep it (one conditional write each, no read). A slot being
+        checkpointed is asked back, as a poll asks: `frozen` until it runs."""
         body = {"slot": slot, "claim": claim.model_dump(mode="json") if claim else None}
         return self._kept_alive(self._call("POST", "/keepalive", body), slot, claim)
 
