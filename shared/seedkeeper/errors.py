@@ -39,7 +39,13 @@ class SnapshotRefused(SeedkeeperError):
 
 
 class RuntimeUnavailable(SeedkeeperError):
-    """The slot runtime could not launch, describe or stop a task; nothing was assumed."""
+    """The slot runtime could not launch, describe or stop a task; nothing was assumed.
+    `retryable`: it said so itself (no capacity now, throttled, its own fault), so the
+    caller answers "retry later", the record still saying what is true."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 class PublishFailed(SeedkeeperError):

@@ -12,10 +12,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import boto3
 import pytest
+from botocore.stub import Stubber
 from moto import mock_aws
 from moto.core.models import DEFAULT_ACCOUNT_ID as ACCOUNT_ID
 from moto.ecs.models import ecs_backends
@@ -23,9 +24,11 @@ from pydantic import SecretStr
 
 from conftest import SLOT_UIDS_FROM_HERE
 from seedkeeper.adapters.runtime import DESCRIBE_BATCH, EcsRuntime, RuntimeSettings, started_by
+from seedkeeper.api.answers import REFUSALS, refusal_of
 from seedkeeper.domain.opwindow import Actor, OpRef
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
+from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper_tools.local.docker import slot_container
 from seedkeeper_tools.local.runtime import LOCAL_TASK_ENVIRONMENT, LocalRuntime
 
@@ -456,3 +459,38 @@ def test_a_slot_user_is_never_an_account_of_this_machine(tmp_path: Path) -> None
     assert given > 65534
     with pytest.raises(KeyError):
         pwd.getpwuid(given)
+
+
+# What ECS answers RunTask when it cannot start the task now, and when it never will.
+RUN_TASK_ERRORS = [
+    pytest.param({"error": "ThrottlingException"}, True, id="throttled"),
+    pytest.param({"error": "ServerException"}, True, id="ecs-fault"),
+    pytest.param({"failures": ["RESOURCE:MEMORY"]}, True, id="no-capacity"),
+    pytest.param({"failures": ["RESOURCE:ENI", "AGENT"]}, True, id="no-eni-no-agent"),
+    pytest.param({"error": "AccessDeniedException"}, False, id="access-denied"),
+    pytest.param({"error": "InvalidParameterException"}, False, id="invalid"),
+    pytest.param({"failures": ["MISSING"]}, False, id="missing"),
+]
+
+
+@pytest.mark.parametrize(("answer", "retryable"), RUN_TASK_ERRORS)
+def test_a_runtask_that_starts_nothing_says_whether_to_retry(
+    ecs: tuple[ECSClient, RuntimeSettings], answer: dict[str, Any], retryable: bool
+) -> None:
+    """moto never runs out of capacity: ECS's own answers are played by botocore's Stubber
+    on a real client. No capacity, throttling and ECS's faults are a retry-later (503, the
+    record still seeding with its launch open, so the next poll launches the same attempt
+    again); anything else is the deployment's fault (500)."""
+    client, settings = ecs
+    with Stubber(client) as ecs_answers:
+        if "error" in answer:
+            ecs_answers.add_client_error("run_task", service_error_code=answer["error"])
+        else:
+            failures = [{"arn": "", "reason": reason} for reason in answer["failures"]]
+            ecs_answers.add_response("run_task", {"tasks": [], "failures": failures})
+        with pytest.raises(RuntimeUnavailable) as unavailable:
+            EcsRuntime(client, settings).launch(plan("slot-1"))
+    assert unavailable.value.retryable is retryable
+    refused = refusal_of(unavailable.value)
+    assert refused.reason == ("retry-later" if retryable else "internal-error")
+    assert REFUSALS[refused.reason] == (503 if retryable else 500)

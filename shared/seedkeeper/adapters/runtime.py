@@ -152,11 +152,20 @@ class EcsRuntime:
                 },
             )
         except (ClientError, BotoCoreError) as error:
-            raise RuntimeUnavailable(_code(error)) from error
+            code = _code(error)
+            transient = isinstance(error, BotoCoreError) or code in _TRANSIENT_CODES
+            raise RuntimeUnavailable(code, retryable=transient) from error
         tasks = response.get("tasks", [])
         if not tasks:
-            reasons = ",".join(f.get("reason", "") for f in response.get("failures", []))
-            raise RuntimeUnavailable(f"RunTask started nothing ({reasons})")
+            reasons = [f.get("reason", "") for f in response.get("failures", [])]
+            # No capacity now (RESOURCE:CPU, RESOURCE:MEMORY, RESOURCE:ENI...) or no agent:
+            # nothing was started, and the same launch may well start it later.
+            transient = bool(reasons) and all(
+                reason.startswith("RESOURCE:") or reason == "AGENT" for reason in reasons
+            )
+            raise RuntimeUnavailable(
+                f"RunTask started nothing ({','.join(reasons)})", retryable=transient
+            )
         return tasks[0]["taskArn"]
 
     def status(self, incarnation: str) -> TaskStatus:
@@ -205,6 +214,17 @@ class EcsRuntime:
 
 def _client_token(plan: SlotPlan) -> str:
     return f"{hashlib.sha256(plan.slot.encode()).hexdigest()[:48]}-{plan.attempt}"
+
+
+# RunTask's answers that say "not now": throttled, or a fault of its own (ECS's errors).
+_TRANSIENT_CODES = frozenset(
+    {
+        "ThrottlingException",
+        "ServerException",
+        "ServiceUnavailableException",
+        "LimitExceededException",
+    }
+)
 
 
 def _code(error: ClientError | BotoCoreError) -> str:

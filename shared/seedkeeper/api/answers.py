@@ -22,6 +22,7 @@ from seedkeeper.errors import (
     R2Unconfigured,
     ResourceNotFound,
     RotationConflict,
+    RuntimeUnavailable,
     SeedkeeperError,
     SnapshotRefused,
     StoreUnavailable,
@@ -126,6 +127,8 @@ def refusal_of(error: SeedkeeperError) -> Refused:
     if isinstance(error, R2Unconfigured):
         return Refused("r2-unconfigured", ", ".join(error.missing))
     if isinstance(error, StoreUnavailable | R2Unavailable):
+        return Refused("retry-later")
+    if isinstance(error, RuntimeUnavailable) and error.retryable:
         return Refused("retry-later")
     if isinstance(error, MalformedRecord):
         return Refused("record-malformed")
