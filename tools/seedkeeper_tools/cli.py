@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -30,7 +31,7 @@ from seedkeeper import __version__
 from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings, snapshots
-from seedkeeper.domain.checkpoints import RetentionSettings, lifecycle_days
+from seedkeeper.domain.checkpoints import IdleSettings, RetentionSettings, lifecycle_days
 from seedkeeper.domain.models import ResourceName, SlotId
 from seedkeeper.domain.outcomes import Payment, Recorded, SnapshotStatus
 from seedkeeper.domain.record import (
@@ -152,7 +153,18 @@ def _parser() -> argparse.ArgumentParser:
     lifecycle.set_defaults(run=_r2_lifecycle)
     local = commands.add_parser("local", help="run all of Seedkeeper on this machine")
     local.add_argument("--port", type=int, default=8787)
-    local.add_argument("--data-dir", type=Path, default=Path(".seedkeeper"))
+    local.add_argument(
+        "--data-dir",
+        type=Path,
+        default=default_data_dir(),
+        help="slot workspaces and task logs (default: outside any repository, %(default)s)",
+    )
+    local.add_argument(
+        "--idle-window",
+        type=_idle_window,
+        default=None,
+        help="seconds a slot may idle (default: SEEDKEEPER_IDLE_WINDOW, else 1800)",
+    )
     local.add_argument("--sweep-interval", type=float, default=30.0, help="seconds")
     local.add_argument(
         "--runtime",
@@ -189,9 +201,11 @@ def _local(args: argparse.Namespace) -> int:
         os.environ.get("SEEDKEEPER_LOCAL_ACCESS_KEY_ID", "seedkeeper-local"),
         os.environ.get("SEEDKEEPER_LOCAL_SECRET_ACCESS_KEY", "seedkeeper-local-secret"),
     )
+    idle_window = args.idle_window or IdleSettings().idle_window
     stack = LocalStack(
         data_dir=args.data_dir,
         port=args.port,
+        idle_window=idle_window,
         credentials=credentials,
         sweep_interval=args.sweep_interval,
         task_runtime=args.runtime,
@@ -203,16 +217,32 @@ def _local(args: argparse.Namespace) -> int:
     stack.start()
     try:
         with serve_sam_env(args.sam_env, os.environ) if args.sam_env else nullcontext():
+            store = stack.store_environment()
             console.print(f"Seedkeeper is listening on [bold]{stack.url}[/bold]")
             console.print(
                 f"sign requests (SigV4, service lambda) with access key "
                 f"{credentials.access_key}; Ctrl-C stops everything"
             )
+            console.print(
+                f"store (moto: DynamoDB and R2) {store['SEEDKEEPER_DYNAMODB_ENDPOINT']}, "
+                f"table and bucket {store['SEEDKEEPER_TABLE']}; idle window {idle_window} s; "
+                f"data in {stack.data_dir}"
+            )
+            console.print("for `seedkeeper publish`, `status`, `snapshots` against it, paste:")
+            exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in store.items())
+            console.print(f"export {exports}", markup=False, highlight=False, soft_wrap=True)
             stopping.wait()
     finally:
         stack.stop()
     console.print("stopped: gateway, slot tasks, store")
     return 0
+
+
+def default_data_dir() -> Path:
+    """Outside any repository (a clone's working tree would list the workspaces): the user's
+    state directory."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "seedkeeper"
 
 
 def _sam_template(args: argparse.Namespace) -> int:
@@ -235,6 +265,15 @@ def _valid(annotation: Any) -> Callable[[str], str]:
             raise argparse.ArgumentTypeError(invalid.errors()[0]["msg"]) from invalid
 
     return parse
+
+
+def _idle_window(value: str) -> int:
+    """Seconds, within the bounds a deployment's `IdleWindowSeconds` takes."""
+    try:
+        return IdleSettings(idle_window=int(value)).idle_window
+    except (ValueError, ValidationError) as invalid:
+        errors = invalid.errors() if isinstance(invalid, ValidationError) else None
+        raise argparse.ArgumentTypeError(errors[0]["msg"] if errors else str(invalid)) from None
 
 
 def _states(value: str) -> list[State]:

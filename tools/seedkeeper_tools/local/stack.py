@@ -130,6 +130,22 @@ class LocalStack:
     def sweep(self) -> Report:
         return sweeper_from_env().sweep()
 
+    def store_environment(self) -> dict[str, str]:
+        """What a tool needs to reach this stack's table and bucket (`seedkeeper publish`,
+        `status`, `snapshots`): the store's endpoint and keys, as the stack set them."""
+        names = (
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_DEFAULT_REGION",
+            "SEEDKEEPER_TABLE",
+            "SEEDKEEPER_DYNAMODB_ENDPOINT",
+            "SEEDKEEPER_R2_BUCKET",
+            "SEEDKEEPER_R2_ENDPOINT",
+            "SEEDKEEPER_R2_ACCESS_KEY_ID",
+            "SEEDKEEPER_R2_SECRET_ACCESS_KEY",
+        )
+        return {name: os.environ[name] for name in names}
+
     def stop(self) -> None:
         """Stops everything it started: the gateway (once the invocation under way is done:
         it may be launching a task), every slot task at once, the timer (a sweep under way
