@@ -19,6 +19,7 @@ from repos import make_repository
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.adapters.runtime import SLOT_UIDS_FROM
 from seedkeeper.config import StoreSettings, snapshots
+from seedkeeper.domain.record import slot_key
 from seedkeeper.services.rotation import Snapshots
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper_tools.infra import create_table, load_template
@@ -110,6 +111,15 @@ class Stack:
     def snapshots(self) -> Snapshots:
         return snapshots(self.store, self.r2_settings)
 
+    def wire_item(self, slot: str) -> dict[str, Any]:
+        """A slot's record as DynamoDB holds it, every attribute with its type: what a
+        test compares to show that nothing was written."""
+        client = boto3.client("dynamodb", endpoint_url=self.endpoint)
+        item: dict[str, Any] = client.get_item(
+            TableName=self.store.table, Key=_typed(slot_key(slot)), ConsistentRead=True
+        )["Item"]
+        return item
+
     def environment(self) -> dict[str, str]:
         return {
             "SEEDKEEPER_TABLE": self.store.table,
@@ -183,3 +193,7 @@ def running_local_stack(tmp_path: Path, **settings: Any) -> Iterator[LocalStack]
         yield local
     finally:
         local.stop()
+
+
+def _typed(key: dict[str, str]) -> dict[str, Any]:
+    return {name: {"S": value} for name, value in key.items()}

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from builders import NOW, checkpoint, owner, stored_in, written
@@ -35,17 +34,6 @@ def keepalive(slot: str, claim: dict[str, Any] | None) -> tuple[int, Any]:
     request = event("seed-new", rawPath="/keepalive", body={"slot": slot, "claim": claim})
     request["requestContext"]["http"]["path"] = "/keepalive"
     return invoke(seed_function, request)
-
-
-def wire_item(stack: Stack, slot: str = SLOT) -> dict[str, Any]:
-    """The item as DynamoDB holds it, every attribute with its type."""
-    client = boto3.client("dynamodb", endpoint_url=stack.endpoint)
-    item: dict[str, Any] = client.get_item(
-        TableName=stack.store.table,
-        Key={k: {"S": v} for k, v in slot_key(slot).items()},
-        ConsistentRead=True,
-    )["Item"]
-    return item
 
 
 def refusal(reason: str) -> tuple[int, dict[str, Any]]:
@@ -152,19 +140,19 @@ def test_another_claim_is_refused_and_the_record_untouched(
     stack: Stack, claim: dict[str, Any] | None, reason: str
 ) -> None:
     stored_in(Lifecycle(stack.table), SLOT, State.SEEDED)
-    before = wire_item(stack)
+    before = stack.wire_item(SLOT)
     assert keepalive(SLOT, claim) == refusal(reason)
-    assert wire_item(stack) == before
+    assert stack.wire_item(SLOT) == before
 
 
 @pytest.mark.parametrize("state", [State.PARKED, State.LOST, State.CLOSING])
 def test_a_closed_slot_is_refused_and_untouched(stack: Stack, state: State) -> None:
     """A parked slot is resumed by the owner's seed, never by a keepalive."""
     record = stored_in(Lifecycle(stack.table), SLOT, state)
-    before = wire_item(stack)
+    before = stack.wire_item(SLOT)
     claim = record.owner.model_dump() if record.owner else None
     assert keepalive(SLOT, claim) == refusal("slot-closed")
-    assert wire_item(stack) == before
+    assert stack.wire_item(SLOT) == before
 
 
 def test_an_absent_slot_is_closed(stack: Stack) -> None:
@@ -186,9 +174,9 @@ def test_a_record_this_code_may_not_write_is_never_touched(
     stored_in(Lifecycle(stack.table), SLOT, State.SEEDED)
     item = stack.table.get_item(Key=slot_key(SLOT), ConsistentRead=True)["Item"]
     stack.table.put_item(Item=item | changes)
-    before = wire_item(stack)
+    before = stack.wire_item(SLOT)
     assert keepalive(SLOT, owner().model_dump()) == refusal("record-unsupported")
-    assert wire_item(stack) == before
+    assert stack.wire_item(SLOT) == before
 
 
 @pytest.mark.parametrize(

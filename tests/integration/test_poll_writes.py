@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import boto3
 import pytest
 
 from builders import NOW, ORIGIN, checkpoint, owner, seed, stored_in, written
@@ -37,17 +36,6 @@ def poll(seeded: bool = True) -> tuple[int, Any]:
         identity = seed().model_dump(mode="json", exclude_none=True)
         body = {"slot": SLOT, "seed": identity, "claim": owner().model_dump(), "origin": ORIGIN}
     return invoke(seed_function, event("seed-new", body=json.dumps(body)))
-
-
-def wire_item(stack: Stack) -> dict[str, Any]:
-    """The item as DynamoDB holds it: every attribute with its type."""
-    client = boto3.client("dynamodb", endpoint_url=stack.endpoint)
-    item: dict[str, Any] = client.get_item(
-        TableName=stack.store.table,
-        Key={k: {"S": v} for k, v in slot_key(SLOT).items()},
-        ConsistentRead=True,
-    )["Item"]
-    return item
 
 
 def stored(table: Table) -> dict[str, Any]:
@@ -122,10 +110,10 @@ CHECKPOINT_WRONG: list[tuple[str, dict[str, Any]]] = [
 
 
 def assert_refused_and_untouched(stack: Stack, seeded: bool = True) -> None:
-    planted = wire_item(stack)
+    planted = stack.wire_item(SLOT)
     status, answer = poll(seeded)
     assert (status, answer) == (409, {"error": "record-unsupported", "detail": None, "fields": []})
-    assert wire_item(stack) == planted
+    assert stack.wire_item(SLOT) == planted
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import RetentionSettings, checkpoint_key, new_checkpoint
 from seedkeeper.domain.opwindow import OpKind, OpStatus
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.domain.record import Loss, SeedSucceeded, SlotRecord, State, slot_key
+from seedkeeper.domain.record import Loss, SeedSucceeded, SlotRecord, State
 from seedkeeper.domain.transitions import Acknowledged
 from seedkeeper.store.lifecycle import Outcome, Written
 from seedkeeper_task.capture import capture
@@ -164,17 +164,6 @@ def bucket(stack: Stack) -> str:
     return stack.r2_settings.bucket or ""
 
 
-def wire_item(stack: Stack, slot: str = SLOT) -> dict[str, Any]:
-    """The item as DynamoDB holds it, every attribute with its type."""
-    client = boto3.client("dynamodb", endpoint_url=stack.endpoint)
-    item: dict[str, Any] = client.get_item(
-        TableName=stack.store.table,
-        Key={k: {"S": v} for k, v in slot_key(slot).items()},
-        ConsistentRead=True,
-    )["Item"]
-    return item
-
-
 Calls = dict[str, list[str]]
 
 
@@ -205,10 +194,10 @@ def observed(stack: Stack) -> Iterator[Calls]:
 def unchanged(slots: Slots, send: Callable[[], tuple[int, Any]]) -> tuple[int, Any, Calls]:
     """`send`'s answer and calls, having checked that it wrote nothing (the item byte for
     byte), launched nothing and presigned nothing."""
-    before, attempts = wire_item(slots.stack), slots.attempts()
+    before, attempts = slots.stack.wire_item(SLOT), slots.attempts()
     with observed(slots.stack) as calls:
         status, answer = send()
-    assert wire_item(slots.stack) == before
+    assert slots.stack.wire_item(SLOT) == before
     assert slots.attempts() == attempts
     assert calls["presigned"] == []
     assert "UpdateItem" not in calls["dynamodb"][1:]  # the refused touch only
