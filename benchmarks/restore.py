@@ -5,10 +5,16 @@ with the project's own `build_squashfs` (zstd) and `measure`, and served by ngin
 loopback, so ranged GETs run at page-cache speed. Then, alternating within one run:
 
 - ours: the real slot task (`python -m seedkeeper_task.supervisor`) started as the local runtime
-  starts it, against a moto lifecycle table holding a record born for it; it downloads,
-  verifies, extracts, fixes up, writes its marker and settles. Timed as the task records
-  it (`result.ms`, `result.steps`) and as its whole process (interpreter start and imports
-  included). Its sandbox command writes the task's peak RSS (VmHWM) and exits.
+  starts it, against a moto lifecycle table holding a record born for it. As in a
+  deployment its plan carries no URL: it starts at the real checkpoint function (served in
+  this process by the local function-URL gateway, `POST /tasks/start` signed with the
+  task's keys), which answers a presigned GET of the archive's R2 key pointing at the same
+  nginx (path-style, `/<bucket>/<key>`, laid out as a link to the archive). Then it
+  downloads, verifies, extracts, fixes up, writes its marker and settles. Timed as the
+  task records it (`result.ms`, `result.steps`: its restore, the start call not included)
+  and as its whole process (interpreter start, imports and the start call included: each
+  is part of what a task costs). Its sandbox command writes the task's peak RSS (VmHWM)
+  and exits.
 - the baseline: `curl -o`, `unsquashfs -d`, `git checkout -B`, each a subprocess.
 
 Both read the same archive through the same nginx from the same warm page cache; before
@@ -28,6 +34,7 @@ import json
 import os
 import random
 import resource
+import secrets
 import shlex
 import shutil
 import signal
@@ -46,10 +53,10 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 import boto3
-from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
 
+from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding, OwnerClaim, SeedIdentity
 from seedkeeper.domain.opwindow import OpRef
@@ -61,6 +68,7 @@ from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper.store.snapshots import SnapshotStore
 from seedkeeper_task.supervisor import CHECKOUT
 from seedkeeper_tools.infra import create_table, load_template
+from seedkeeper_tools.local.gateway import FunctionUrlGateway, LocalCredentials
 from seedkeeper_tools.local.motoserver import AtomicMotoServer
 from seedkeeper_tools.publish import build_squashfs, measure
 
@@ -68,6 +76,7 @@ GENERATOR_VERSION = 3  # bump when the generator changes: cached inputs are rebu
 SEED = 20_240_601
 MB = 1_000_000
 TABLE = "seedkeeper-bench"
+BUCKET = "seedkeeper-bench"  # the R2 bucket the checkpoint function presigns for
 REGION = "us-east-1"
 REF = "main"
 ORIGIN = "https://git.example.com/bench/synthetic.git"
@@ -486,6 +495,47 @@ http {{
                 self._process.wait()
 
 
+def serve_object(root: Path, key: str, source: Path) -> None:
+    """Lay `source` where an nginx serving `root` answers a presigned GET of BUCKET's `key`:
+    R2's URLs are path-style, `{endpoint}/{BUCKET}/{key}?X-Amz-...`, and nginx ignores the
+    query. A hard link (no copy), laid afresh: a rebuilt `source` is a new file."""
+    folder = root
+    for part in (BUCKET, *PurePosixPath(key).parent.parts):
+        folder /= part
+        folder.mkdir(exist_ok=True)
+        folder.chmod(0o755)  # nginx's workers read it as an unprivileged user
+    target = root / BUCKET / key
+    target.unlink(missing_ok=True)
+    os.link(source, target)
+
+
+def checkpoint_function(dynamodb_endpoint: str) -> FunctionUrlGateway:
+    """The real checkpoint function, served (started) in this process by the local
+    function-URL gateway, which takes the task's keys (FAKE_AWS) as the task role's. Its
+    handler reads its settings from this process's environment when called: the lifecycle
+    table at `dynamodb_endpoint` and R2's BUCKET with fake keys (nginx checks no signature);
+    each run names the R2 endpoint, its nginx (`Bench.task`)."""
+    for name in [name for name in os.environ if name.startswith("SEEDKEEPER_")]:
+        del os.environ[name]  # nothing from a developer's settings, as for the task
+    os.environ.update(
+        {
+            "SEEDKEEPER_TABLE": TABLE,
+            "SEEDKEEPER_DYNAMODB_ENDPOINT": dynamodb_endpoint,
+            "SEEDKEEPER_R2_BUCKET": BUCKET,
+            "SEEDKEEPER_R2_ACCESS_KEY_ID": "bench",
+            "SEEDKEEPER_R2_SECRET_ACCESS_KEY": "bench",
+        }
+    )
+    task_keys = LocalCredentials(FAKE_AWS["AWS_ACCESS_KEY_ID"], FAKE_AWS["AWS_SECRET_ACCESS_KEY"])
+    return FunctionUrlGateway(
+        "127.0.0.1",
+        0,
+        LocalCredentials("bench-executor", secrets.token_hex(16)),  # no executor calls here
+        task_credentials=task_keys,
+        region=REGION,
+    ).start()
+
+
 # -- one run of each ------------------------------------------------------------------------
 
 
@@ -544,6 +594,7 @@ class Bench:
     workdir: Path
     nginx: Nginx
     endpoint: str
+    checkpoint_url: str  # the checkpoint function the task starts at
     lifecycle: Lifecycle
     snapshots: SnapshotStore
     environment: dict[str, str]  # what every subprocess inherits: no SEEDKEEPER_*, fake AWS
@@ -556,6 +607,8 @@ class Bench:
         return folder
 
     def record(self, case: Input) -> None:
+        """The snapshot the task's seed names, and its archive where its grant points."""
+        serve_object(self.nginx.root, backup_key(case.archive.stem), case.archive)
         archive = Archive(backup_id=case.archive.stem, size=case.size, sha256=case.sha256)
         snapshot = NewSnapshot(
             resource=case.archive.stem,
@@ -573,7 +626,7 @@ class Bench:
         workspace = folder / "workspace"
         workspace.mkdir()
         assert record.incarnation is not None  # recorded by `launched`
-        plan = self.plan(record, op, checkout=case)
+        plan = self.plan(record, op)
         timed = self.task(plan, record.incarnation, workspace, folder)
         result = self.seeded(slot, case, timed, workspace, folder)
         peak = peak_rss_kb(folder, slot)
@@ -625,16 +678,10 @@ class Bench:
             raise BenchError(f"{slot}: the incarnation was not recorded: {recorded}")
         return recorded.record, born.entry.ref
 
-    def plan(
-        self,
-        record: SlotRecord,
-        op: OpRef,
-        *,
-        checkout: Input | None = None,
-        resume: str | None = None,
-    ) -> SlotPlan:
-        """The plan the seed function hands the task of `record`'s attempt: the snapshot's
-        archive of `checkout`, or the checkpoint object at the URL `resume`."""
+    @staticmethod
+    def plan(record: SlotRecord, op: OpRef) -> SlotPlan:
+        """The plan the seed function hands the task of `record`'s attempt: no URL, the
+        task asks the checkpoint function for them when it starts."""
         return SlotPlan(
             slot=record.slot,
             attempt=record.attempt,
@@ -642,14 +689,12 @@ class Bench:
             seed=record.seed,
             owner=record.owner,
             origin=record.origin,
-            checkout=None if checkout is None else SecretStr(self.nginx.url(checkout.archive)),
-            resume=None if resume is None else SecretStr(resume),
         )
 
     def task(self, plan: SlotPlan, incarnation: str, workspace: Path, folder: Path) -> Timed:
         """The real slot task of `plan` in `incarnation`, started as the local runtime starts
-        it and timed whole; its sandbox command writes the task's peak RSS (VmHWM) into
-        `folder` and exits. Its log: `folder`/task.log."""
+        it and timed whole, its start call included; its sandbox command writes the task's
+        peak RSS (VmHWM) into `folder` and exits. Its log: `folder`/task.log."""
         hwm = folder / "vmhwm"
         probe = f"grep VmHWM /proc/$PPID/status > {shlex.quote(str(hwm))}"
         environment = self.environment | {
@@ -658,8 +703,11 @@ class Bench:
             "SEEDKEEPER_INCARNATION": incarnation,
             "SEEDKEEPER_TABLE": TABLE,
             "SEEDKEEPER_DYNAMODB_ENDPOINT": self.endpoint,
+            "SEEDKEEPER_CHECKPOINT_URL": self.checkpoint_url,
             "SEEDKEEPER_SANDBOX_COMMAND": json.dumps(["sh", "-c", probe]),
         }
+        # The checkpoint function runs in this process: its grants point at this run's nginx.
+        os.environ["SEEDKEEPER_R2_ENDPOINT"] = self.nginx.endpoint
         _settle_disk()
         with (folder / "task.log").open("wb") as log:
             return timed_run([sys.executable, "-m", "seedkeeper_task"], env=environment, log=log)
@@ -782,7 +830,7 @@ class Result:
         medians["other (preflight, cleanup)"] = statistics.median(
             run.restore_s - sum(run.steps_ms.values()) / 1000 for run in self.ours
         )
-        medians["process overhead (start, imports, settle)"] = statistics.median(
+        medians["process overhead (interpreter, imports, start call, settle)"] = statistics.median(
             run.process_s - run.restore_s for run in self.ours
         )
         return medians
@@ -1007,6 +1055,7 @@ def measure_all(
     budget allows."""
     nginx = Nginx(workdir / "archives", workdir)
     moto = AtomicMotoServer().start()
+    gateway = checkpoint_function(moto.endpoint)
     try:
         nginx.start()
         dynamodb = boto3.client("dynamodb", endpoint_url=moto.endpoint, region_name=REGION)
@@ -1016,6 +1065,7 @@ def measure_all(
             workdir=workdir,
             nginx=nginx,
             endpoint=moto.endpoint,
+            checkpoint_url=gateway.url,
             lifecycle=Lifecycle(table.Table(TABLE)),
             snapshots=SnapshotStore(table.Table(TABLE)),
             environment=_environment(workdir),
@@ -1050,8 +1100,10 @@ def measure_all(
             results.append(result)
         return results
     finally:
+        gateway.stop()
         nginx.stop()
         moto.stop()
+        shutil.rmtree(nginx.root / BUCKET, ignore_errors=True)  # links only: the cache stays
 
 
 if __name__ == "__main__":

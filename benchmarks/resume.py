@@ -12,12 +12,15 @@ see LOCAL-AWS-NOTES):
 - resume: a record made parked through the store's own transitions (birth, the seed's
   settle, the sweep's checkpoint request, the freeze, the checkpoint recorded, the park
   fence, the park), then `RESUME` applied as the seed function applies it and the new
-  incarnation recorded; the real slot task (`python -m seedkeeper_task`) with
-  `plan.resume` = the checkpoint object's URL restores it. Timed from spawn to reap (the
-  task exits once settled and its sandbox command has run), checked `seeded` with
-  `result.resumed`.
-- seed: the same tree seeded afresh by the real task from the snapshot archive, as the
-  restore benchmark starts it.
+  incarnation recorded; the real slot task (`python -m seedkeeper_task`) restores it. As
+  in a deployment its plan carries no URL: it starts at the real checkpoint function
+  (served in this process by the local function-URL gateway, `POST /tasks/start` signed
+  with the task's keys), which answers a presigned GET of the record's checkpoint key,
+  served by nginx (path-style, `/<bucket>/<key>`, a link to the checkpoint object). Timed
+  from spawn to reap (the start call included, part of what a task costs; the task exits
+  once settled and its sandbox command has run), checked `seeded` with `result.resumed`.
+- seed: the same tree seeded afresh by the real task from the snapshot archive (its start
+  granted a presigned GET of it), as the restore benchmark starts it.
 - baseline: `curl -o` of the snapshot archive, `sha256sum` of it, `unsquashfs` with the
   task's own flags (its caches bounded as the task bounds them), `git checkout -B`.
 
@@ -187,7 +190,7 @@ class Bench:
         bench = self.restore_bench
         record, op = bench.launched(case, slot)
         assert record.incarnation is not None  # recorded by `launched`
-        plan = bench.plan(record, op, checkout=case)
+        plan = bench.plan(record, op)
         timed = bench.task(plan, record.incarnation, workspace, folder)
         return _task_run(timed, bench.seeded(slot, case, timed, workspace, folder), folder, slot)
 
@@ -202,11 +205,12 @@ class Bench:
         with self.fresh(case, slot) as (root, folder):
             record, op = self.parked_and_resumed(case, slot, parkable)
             assert record.incarnation is not None
+            assert record.checkpoint is not None  # parked on it
             bench = self.restore_bench
-            url = bench.nginx.url(parkable.path)
-            plan = bench.plan(record, op, resume=url)
+            # Where the task's start grants it a presigned GET: the record's checkpoint key.
+            restore.serve_object(bench.nginx.root, record.checkpoint.key, parkable.path)
             workspace = root / "workspace"
-            timed = bench.task(plan, record.incarnation, workspace, folder)
+            timed = bench.task(bench.plan(record, op), record.incarnation, workspace, folder)
             result = bench.seeded(slot, case, timed, workspace, folder, resumed=True)
             restored = _worktree_entries(workspace / CHECKOUT)
             if restored != parkable.worktree:
@@ -370,7 +374,7 @@ class Result:
         medians["other (preflight, cleanup)"] = statistics.median(
             run.restore_s - sum(run.steps_ms.values()) / 1000 for run in runs
         )
-        medians["process (start, imports, settle, exit)"] = statistics.median(
+        medians["process (interpreter, imports, start call, settle, exit)"] = statistics.median(
             run.process_s - run.restore_s for run in runs
         )
         return medians
@@ -591,6 +595,7 @@ def measure_all(
     for case in inputs:  # the snapshot archives beside the checkpoints, in one served root
         os.link(case.archive, served / case.archive.name)
     moto = AtomicMotoServer().start()
+    gateway = restore.checkpoint_function(moto.endpoint)
     servers = [
         restore.Nginx(served, workdir, limit_rate=rate, home=f"resume-nginx-{index}")
         for index, rate in enumerate(rates)
@@ -611,6 +616,7 @@ def measure_all(
                     workdir=workdir,
                     nginx=server,
                     endpoint=moto.endpoint,
+                    checkpoint_url=gateway.url,
                     lifecycle=Lifecycle(table),
                     snapshots=SnapshotStore(table),
                     environment=restore._environment(workdir),
@@ -658,6 +664,7 @@ def measure_all(
                 results.append(result)
         return results
     finally:
+        gateway.stop()
         for server in servers:
             server.stop()
         moto.stop()

@@ -23,7 +23,7 @@ from seedkeeper.domain.record import slot_key
 from seedkeeper.services.rotation import Snapshots
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper_tools.infra import create_table, load_template
-from seedkeeper_tools.local.gateway import LocalCredentials
+from seedkeeper_tools.local.gateway import FunctionUrlGateway, LocalCredentials
 from seedkeeper_tools.local.motoserver import AtomicMotoServer
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.stack import LocalStack
@@ -154,7 +154,25 @@ def stack(moto_endpoint: str, aws_credentials: None, monkeypatch: pytest.MonkeyP
 
 
 @pytest.fixture
-def slots(stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Slots]:
+def checkpoint_function(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The checkpoint function behind the local function-URL gateway, taking the keys slot
+    tasks are given (the task role's stand-in): the URL tasks are told to call."""
+    gateway = FunctionUrlGateway(
+        "127.0.0.1",
+        0,
+        LocalCredentials("executor-" + secrets.token_hex(4), secrets.token_hex(16)),
+        task_credentials=LocalCredentials(FAKE_KEY, FAKE_KEY),
+        region="us-east-1",
+    ).start()
+    monkeypatch.setenv("SEEDKEEPER_CHECKPOINT_URL", gateway.url)
+    yield gateway.url
+    gateway.stop()
+
+
+@pytest.fixture
+def slots(
+    stack: Stack, checkpoint_function: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Slots]:
     data = tmp_path / "data"
     monkeypatch.setenv("SEEDKEEPER_RUNTIME", "local")
     monkeypatch.setenv("SEEDKEEPER_DATA_DIR", str(data))

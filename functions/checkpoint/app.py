@@ -1,4 +1,5 @@
-"""The checkpoint function: the slot task's upload and record of its frozen checkout."""
+"""The checkpoint function, the slot task's own: its start (the URLs it restores from, for
+the attempt's task only) and the upload and record of its frozen checkout."""
 
 from __future__ import annotations
 
@@ -6,11 +7,27 @@ from aws_lambda_powertools.event_handler import Response
 
 from seedkeeper.api.answers import REQUEST_REFUSALS, answer, documented
 from seedkeeper.api.http import entrypoint, function_url_app
-from seedkeeper.config import checkpoint_service_from_env
-from seedkeeper.domain.outcomes import CheckpointNotTaken, CheckpointRecorded, UploadGrant
+from seedkeeper.config import checkpoint_service_from_env, task_starts_from_env
+from seedkeeper.domain.outcomes import (
+    CheckpointNotTaken,
+    CheckpointRecorded,
+    RestoreGrant,
+    UploadGrant,
+)
+from seedkeeper.services import task_start
 from seedkeeper.services.checkpoints import REFUSALS, Captured, NotTaken
+from seedkeeper.services.task_start import TaskStart
 
 app = function_url_app()
+
+
+@app.post(
+    "/tasks/start",
+    responses=documented([RestoreGrant], (*REQUEST_REFUSALS, *task_start.REFUSALS)),
+)
+def start(started: TaskStart) -> Response[str]:
+    """The attempt's task, started: its incarnation recorded, its restore's URLs answered."""
+    return answer(task_starts_from_env().start(started))
 
 
 @app.post(

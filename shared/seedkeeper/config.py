@@ -10,7 +10,7 @@ built here is cached per session too, so the next call builds anew from that ses
 from __future__ import annotations
 
 from functools import cache, partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -20,6 +20,7 @@ from seedkeeper.adapters.clock import epoch_seconds
 from seedkeeper.adapters.r2 import R2, R2Settings, transfer_mode
 from seedkeeper.adapters.runtime import RuntimeSettings, runtime_from
 from seedkeeper.domain.checkpoints import RetentionSettings
+from seedkeeper.domain.record import MAX_SWEEP_SHARDS, SWEEP_SHARDS
 from seedkeeper.store.lifecycle import Lifecycle
 
 # Each factory imports the service it builds when it is called: a function imports only
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
     from seedkeeper.services.receipts import Witness
     from seedkeeper.services.rotation import Snapshots
     from seedkeeper.services.seed import SeedService, SeedSettings
-    from seedkeeper.services.sweep import Sweeper, SweepSettings
+    from seedkeeper.services.sweep import RetainedAlertSettings, Sweeper, SweepSettings
+    from seedkeeper.services.task_start import TaskStarts
 
 
 class StoreSettings(BaseSettings):
@@ -42,6 +44,10 @@ class StoreSettings(BaseSettings):
 
     table: str = Field(min_length=3, max_length=255, pattern=r"^[A-Za-z0-9_.-]+$")
     dynamodb_endpoint: str | None = None  # a local stand-in (moto); None means AWS
+    # Shards of the sweep's index a live record spreads over: every writer of a record and
+    # the sweep read the same count. It may grow; the sweep keeps querying the most it ever
+    # used, so lowering it saves nothing (README, "The idle sweep").
+    sweep_shards: Annotated[int, Field(ge=1, le=MAX_SWEEP_SHARDS)] = SWEEP_SHARDS
 
     def table_resource(
         self, session: Session | None = None, *, budget: aws.Budget = aws.DYNAMODB
@@ -53,7 +59,7 @@ class StoreSettings(BaseSettings):
         )
 
     def lifecycle(self) -> Lifecycle:
-        return Lifecycle(self.table_resource())
+        return Lifecycle(self.table_resource(), shards=self.sweep_shards)
 
 
 def r2_if_configured(settings: R2Settings, session: Session | None = None) -> R2 | None:
@@ -97,12 +103,11 @@ def seed_service(
 
     table = store.table_resource(session)
     return SeedService(
-        lifecycle=Lifecycle(table),
+        lifecycle=Lifecycle(table, shards=store.sweep_shards),
         snapshots=SnapshotStore(table),
         r2=r2_if_configured(r2, session),
         runtime=cache(partial(runtime_from, runtime)),  # built when a task is first touched
         settings=seed,
-        presign_expiry=r2.presign_expiry,
         clock=epoch_seconds,
     )
 
@@ -120,7 +125,9 @@ def witness(store: StoreSettings, r2: R2Settings, session: Session) -> Witness:
     from seedkeeper.services.receipts import Witness
 
     return Witness(
-        Lifecycle(store.table_resource(session)), r2_if_configured(r2, session), epoch_seconds
+        Lifecycle(store.table_resource(session), shards=store.sweep_shards),
+        r2_if_configured(r2, session),
+        epoch_seconds,
     )
 
 
@@ -135,7 +142,7 @@ def checkpoint_service(
     from seedkeeper.services.checkpoints import CheckpointService
 
     return CheckpointService(
-        lifecycle=Lifecycle(store.table_resource(session)),
+        lifecycle=Lifecycle(store.table_resource(session), shards=store.sweep_shards),
         r2=r2_if_configured(r2, session),
         settings=retention,
         presign_expiry=r2.presign_expiry,
@@ -148,6 +155,25 @@ def checkpoint_service_from_env() -> CheckpointService:
 
 
 @cache
+def task_starts(store: StoreSettings, r2: R2Settings, session: Session) -> TaskStarts:
+    from seedkeeper.services.task_start import TaskStarts
+    from seedkeeper.store.snapshots import SnapshotStore
+
+    table = store.table_resource(session)
+    return TaskStarts(
+        lifecycle=Lifecycle(table, shards=store.sweep_shards),
+        snapshots=SnapshotStore(table),
+        r2=r2_if_configured(r2, session),
+        presign_expiry=r2.presign_expiry,
+        clock=epoch_seconds,
+    )
+
+
+def task_starts_from_env() -> TaskStarts:
+    return task_starts(StoreSettings(), R2Settings(), aws.session())
+
+
+@cache
 def sweeper(
     store: StoreSettings,
     r2: R2Settings,
@@ -156,25 +182,27 @@ def sweeper(
     session: Session,
     *,
     retention: RetentionSettings,
+    alert: RetainedAlertSettings,
 ) -> Sweeper:
     from seedkeeper.services.sweep import Sweeper
     from seedkeeper.store.sweep_index import SweepIndex
 
     table = store.table_resource(session)
     return Sweeper(
-        index=SweepIndex(table),
-        lifecycle=Lifecycle(table),
+        index=SweepIndex(table, shards=store.sweep_shards),
+        lifecycle=Lifecycle(table, shards=store.sweep_shards),
         runtime=cache(partial(runtime_from, runtime)),  # built when a task is first asked about
         snapshots=_snapshots(store, r2, session),
         r2=r2_if_configured(r2, session),
         settings=sweep,
         retention=retention,
         clock=epoch_seconds,
+        retained_alert_after=alert.retained_alert_after,
     )
 
 
 def sweeper_from_env() -> Sweeper:
-    from seedkeeper.services.sweep import SweepSettings
+    from seedkeeper.services.sweep import RetainedAlertSettings, SweepSettings
 
     return sweeper(
         StoreSettings(),
@@ -183,4 +211,5 @@ def sweeper_from_env() -> Sweeper:
         SweepSettings(),
         aws.session(),
         retention=RetentionSettings(),
+        alert=RetainedAlertSettings(),
     )

@@ -1,6 +1,6 @@
 """A call to a Lambda function URL with `AWS_IAM` auth: JSON in, the status and body out,
 signed with SigV4 (service `lambda`). Both the executor's client and the slot task (its task
-role, to the checkpoint function) call through here. The URL is never in an error."""
+role, to the checkpoint function: `post`) call through here. The URL is never in an error."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from typing import Any
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials, ReadOnlyCredentials
+
+from seedkeeper.adapters import aws
 
 
 class Unreachable(ConnectionError):
@@ -48,3 +50,25 @@ def call(
     except (urllib.error.URLError, OSError) as failed:
         reason = getattr(failed, "reason", failed)
         raise Unreachable(type(reason).__name__) from None
+
+
+def post(url: str, body: Any, *, timeout: float) -> tuple[int, dict[str, Any]]:
+    """POST `body`, signed with this process's credentials (a slot task's: its task role):
+    the status and the JSON object answered ({} for anything else)."""
+    session = aws.session()
+    credentials = session.get_credentials()
+    if credentials is None:
+        raise Unreachable("NoCredentials")
+    status, payload = call(
+        "POST",
+        url,
+        body,
+        credentials=credentials,
+        region=session.region_name or "us-east-1",
+        timeout=timeout,
+    )
+    try:
+        answer = json.loads(payload or b"{}")
+    except ValueError:
+        answer = {}
+    return status, answer if isinstance(answer, dict) else {}

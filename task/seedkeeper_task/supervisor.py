@@ -8,6 +8,10 @@ last; fix up git with argv lists; write the marker; settle the operation and the
 conditional on this attempt. Any failure removes the half tree (after the download
 workers are joined) and settles `seed_failed` with its reason and step.
 
+First of all the task starts (`SlotTask.start`): it tells the checkpoint function its
+incarnation, which the record then names for this attempt, and is answered the presigned
+URLs it restores from; a task that is not the attempt's is refused and touches nothing.
+
 A resume (DESIGN §10, step 6) restores the slot's parked checkpoint instead, verified
 against the record's size and sha256, and checks out nothing: the checkout is the one that
 was frozen, its index, untracked and ignored files included. Its `.git` is hardened as a
@@ -19,6 +23,7 @@ Logs are JSON events; a presigned URL never appears in one.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -26,12 +31,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from seedkeeper.adapters import aws
@@ -39,6 +45,7 @@ from seedkeeper.config import StoreSettings
 from seedkeeper.domain import transitions
 from seedkeeper.domain.gitref import is_valid_branch_name
 from seedkeeper.domain.models import Model, Origin, OwnerClaim, SeedIdentity
+from seedkeeper.domain.outcomes import RestoreGrant
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.record import (
     Checkpoint,
@@ -54,6 +61,7 @@ from seedkeeper.domain.transitions import Acknowledged
 from seedkeeper.observability import logger
 from seedkeeper.store.lifecycle import Conflict, Lifecycle, Written
 from seedkeeper.store.snapshots import SnapshotStore
+from seedkeeper_task import function_url
 from seedkeeper_task.restore.download import DownloadFailed, download
 from seedkeeper_task.restore.extract import (
     ExtractFailed,
@@ -79,6 +87,12 @@ CHECKOUT = "checkout"
 HOME = "home"  # the sandbox's HOME, the slot user's, emptied before each run
 MARKER = "seed.json"
 _SETTLE_ROUNDS = 8
+# The start's call: tried this many times, waiting 1, 2, 4... seconds between (a function
+# being deployed, a throttle); each call bounded.
+_START_TRIES = 5
+_START_TIMEOUT = 30.0
+# Where a Fargate task reads its own metadata (its task ARN: its incarnation).
+ECS_METADATA_VARIABLE = "ECS_CONTAINER_METADATA_URI_V4"
 
 Verdict = Literal["seeded", "failed", "superseded"]
 
@@ -100,6 +114,21 @@ class TaskSettings(BaseSettings):
 
     def slot_user(self) -> SlotUser | None:
         return slot_user(self.slot_uid, self.slot_gid)
+
+    def own_incarnation(self) -> str | None:
+        """This task's incarnation: the one its runtime named (the local runtimes), else
+        its task ARN from the ECS task metadata endpoint (Fargate sets its address)."""
+        if self.incarnation is not None:
+            return self.incarnation
+        endpoint = os.environ.get(ECS_METADATA_VARIABLE)
+        if endpoint is None:
+            return None
+        try:
+            with urllib.request.urlopen(f"{endpoint}/task", timeout=5) as answer:  # noqa: S310
+                arn = json.load(answer).get("TaskARN")
+        except (OSError, ValueError):
+            return None
+        return arn if isinstance(arn, str) and arn.startswith("arn:") else None
 
 
 class Marker(Model):
@@ -123,6 +152,11 @@ class Superseded(Exception):
     """The record says this attempt is not the live one: touch nothing, settle nothing."""
 
 
+class NotStarted(Exception):
+    """The checkpoint function did not answer the start: the task ends without a verdict,
+    and the owner's next poll starts a new attempt (bounded)."""
+
+
 class SlotTask:
     def __init__(
         self,
@@ -141,6 +175,7 @@ class SlotTask:
         self.checkout = self.workspace / CHECKOUT
         self.state_dir = self.workspace / STATE_DIR
         self.steps: dict[str, int] = {}
+        self.grant = RestoreGrant(expires_in=0)  # what `start` was answered
         self.watcher = Watcher(
             WatchSettings(
                 slot=plan.slot,
@@ -153,6 +188,46 @@ class SlotTask:
             lifecycle,
             stop,
         )
+
+    # -- the start -----------------------------------------------------------------
+
+    def start(self, incarnation: str | None) -> bool:
+        """Claim this attempt at the checkpoint function (it records this task as the
+        attempt's incarnation if none is yet) and take the URLs to restore from. False:
+        this task is not the attempt's (another task of it came first, or the record moved
+        on): it touches nothing. A seed rotated out since the launch is answered with no
+        URL: the restore then fails as `seed-missing`, recorded."""
+        url = self.watcher.settings.checkpointing.checkpoint_url
+        if url is None or incarnation is None:
+            raise NotStarted("no checkpoint function or no incarnation")
+        body = {
+            "slot": self.plan.slot,
+            "attempt": self.plan.attempt,
+            "incarnation": incarnation,
+            "op": {"ordinal": self.plan.op.ordinal, "generation": self.plan.op.generation},
+        }
+        for attempt in range(_START_TRIES):
+            if attempt and self.stop.wait(2 ** (attempt - 1)):
+                break
+            try:
+                status, answer = function_url.post(
+                    url.rstrip("/") + "/tasks/start", body, timeout=_START_TIMEOUT
+                )
+            except function_url.Unreachable as unreachable:
+                logger.warning("start unanswered", why=str(unreachable))
+                continue
+            if status == 200:
+                self.grant = RestoreGrant.model_validate(answer)
+                return True
+            reason = answer.get("error")
+            if reason == "no-match":
+                return False
+            if reason == "seed-missing":
+                return True  # the grant names no archive: recorded as seed-missing
+            logger.warning("start refused", status=status, reason=str(reason)[:64])
+            if status < 500:
+                break
+        raise NotStarted("the checkpoint function did not answer the start")
 
     # -- the restore ---------------------------------------------------------------
 
@@ -207,8 +282,8 @@ class SlotTask:
         record = classified.record
         if record.attempt != self.plan.attempt or record.state is not State.SEEDING:
             raise Superseded("the record moved on")
-        if record.resuming != (self.plan.resume is not None):
-            raise StepFailed("sweep", "seed-failed", "the plan and the record disagree on a resume")
+        if record.resuming and self.grant.resume is None:
+            raise StepFailed("sweep", "seed-failed", "no checkpoint was granted to resume")
         marker = self._marker()
         if marker is not None and (marker.seed != seed or marker.owner is not None):
             raise StepFailed("sweep", "seed-failed", "the workspace holds a bound checkout")
@@ -222,17 +297,20 @@ class SlotTask:
         return record
 
     def _seed(self, seed: SeedIdentity, created: list[Path]) -> str:
-        plan = self.plan
-        assert plan.checkout is not None
+        plan, grant = self.plan, self.grant
         downloads = self._downloads()
         deadline = time.monotonic() + self.settings.restore_timeout
         with self._step("download"):
             checkout, deps = self._recorded_archives(seed)
-            archive = self._download(plan.checkout, downloads / "checkout.sqsh", checkout, deadline)
+            if grant.checkout is None or (deps is not None and grant.deps is None):
+                raise StepFailed("download", "seed-missing", "no archive was granted")
+            archive = self._download(
+                grant.checkout, downloads / "checkout.sqsh", checkout, deadline
+            )
             deps_archive = None
             if deps is not None:
-                assert plan.deps is not None
-                deps_archive = self._download(plan.deps, downloads / "deps.sqsh", deps, deadline)
+                assert grant.deps is not None
+                deps_archive = self._download(grant.deps, downloads / "deps.sqsh", deps, deadline)
         with self._step("extract"):
             created.append(self.checkout)
             self._extract(archive, self.checkout)
@@ -263,11 +341,11 @@ class SlotTask:
         the claim's head:
         the run may have committed since the seed, and the checkpoint is the one the
         record ties to this owner, verified by its size and sha256."""
-        assert self.plan.resume is not None
+        assert self.grant.resume is not None  # the preflight refused a resume without one
         deadline = time.monotonic() + self.settings.restore_timeout
         with self._step("download"):
             target = self._downloads() / "checkpoint.sqsh"
-            archive = self._download(self.plan.resume, target, checkpoint, deadline)
+            archive = self._download(self.grant.resume, target, checkpoint, deadline)
         with self._step("extract"):
             created.append(self.checkout)
             self._extract(archive, self.checkout, checkpoint=True)
@@ -294,12 +372,12 @@ class SlotTask:
         return archives
 
     def _download(
-        self, url: SecretStr, target: Path, recorded: Archive | Checkpoint, deadline: float
+        self, url: str, target: Path, recorded: Archive | Checkpoint, deadline: float
     ) -> Path:
         """Download `url` into `target`, verified against the size and sha256 recorded."""
         try:
             download(
-                url.get_secret_value(),
+                url,
                 target,
                 size=recorded.size,
                 sha256=recorded.sha256,
@@ -548,14 +626,23 @@ def main() -> int:
         signal.signal(stopping, lambda *_: stop.set())
     plan = SlotPlan.from_env(os.environ.pop(PLAN_VARIABLE))
     settings = TaskSettings()
+    incarnation = settings.own_incarnation()
+    task = SlotTask(plan, settings, *task_store(), stop)
+    logger.append_keys(slot=plan.slot, attempt=plan.attempt, incarnation=incarnation)
+    try:
+        started = task.start(incarnation)
+    except NotStarted as unanswered:
+        logger.error("task not started", why=str(unanswered))
+        return 1
+    if not started:
+        logger.info("task not the attempt's: left")
+        return 0
+    logger.info("task started", seeded=plan.binding.seed is not None)
     user = settings.slot_user()
     if user is not None:
         # The slot user is this slot's alone: nothing an earlier attempt's sandbox left may
         # run while the supervisor, as root, works in the tree that user owns.
         end_user_processes(user.uid)
-    task = SlotTask(plan, settings, *task_store(), stop)
-    logger.append_keys(slot=plan.slot, attempt=plan.attempt, incarnation=settings.incarnation)
-    logger.info("task started", seeded=plan.binding.seed is not None)
     if plan.binding.seed is not None and task.restore() == "superseded":
         return 0  # another attempt owns the slot now
     code = task.run_sandbox()

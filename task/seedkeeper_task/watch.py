@@ -30,7 +30,6 @@ is never resumed: the platform ends the task, and nothing may change after a cap
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import threading
@@ -44,7 +43,6 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from seedkeeper.adapters import aws
 from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import MAX_CHECKPOINT_BYTES, RetentionSettings, retry_after
 from seedkeeper.domain.opwindow import Actor, Operation, OpKind
@@ -401,30 +399,14 @@ class Watcher:
     def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         url = self.settings.checkpointing.checkpoint_url
         assert url is not None  # `checkpoint` starts nothing without one
-        session = aws.session()
-        credentials = session.get_credentials()
-        if credentials is None:
-            raise _Refused("no-credentials")
         timeout = _CALL_TIMEOUT
         if self.stop.is_set():  # a call may not outlast the stop's budget by much
             timeout = max(1.0, min(timeout, self._stop_budget_end() - time.monotonic()))
-        status, payload = function_url.call(
-            "POST",
-            url.rstrip("/") + path,
-            body,
-            credentials=credentials,
-            region=session.region_name or "us-east-1",
-            timeout=timeout,
-        )
-        try:
-            answer = json.loads(payload or b"{}")
-        except ValueError:
-            answer = {}
+        status, answer = function_url.post(url.rstrip("/") + path, body, timeout=timeout)
         if status >= 300:
             reason = answer.get("error") or answer.get("message") or f"http-{status}"
             raise _Refused(str(reason)[:64])
-        result: dict[str, Any] = answer
-        return result
+        return answer
 
     # -- the record ------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding
 from seedkeeper.domain.record import Loss, State, slot_key
 from seedkeeper.store.lifecycle import Lifecycle, Written
-from seedkeeper.store.sweep_index import SweepIndex
+from seedkeeper.store.sweep_index import Position, SweepIndex
 
 SEEDKEEPER = str(Path(sys.executable).with_name("seedkeeper"))
 
@@ -163,7 +163,7 @@ def test_status_lists_every_slot_record_by_state_and_reason_and_nothing_else(
     # its 1 MB page: the whole table is read, in two pages.
     table.put_item(Item={**slot_key("slot-future"), "schema": 2, "state": "hibernating"})
     table.put_item(Item={**slot_key("slot-broken"), "schema": 1, "state": "sleeping"})
-    SweepIndex(table).keep_cursor({"PK": "SLOT#slot-kept", "SK": "LIFECYCLE"})
+    SweepIndex(table).keep_progress(16, Position(3))
     for pad in range(3):
         table.put_item(Item={"PK": f"PAD#{pad}", "SK": "PAD", "pad": "x" * 350_000})
 

@@ -30,6 +30,7 @@ from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding, OwnerClaim
 from seedkeeper.domain.opwindow import Actor, OpKind, OpRef, OpStatus
 from seedkeeper.domain.record import (
+    SWEEP_SHARDS,
     Absent,
     Malformed,
     SeedFailed,
@@ -39,6 +40,7 @@ from seedkeeper.domain.record import (
     Supported,
     Unsupported,
     slot_key,
+    sweep_shard,
 )
 from seedkeeper.domain.refused import Refused
 from seedkeeper.domain.transitions import Acknowledged
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
 
 SLOT = "slot-1"
+LIVE = sweep_shard(SLOT, SWEEP_SHARDS)  # the slot's partition of the sweep's index
 RESTORE = OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=1)
 LAUNCH = OpRef(ordinal=1, actor=Actor.SEED_FN, generation=1)
 
@@ -430,13 +433,14 @@ def test_birth_writes_the_full_record_into_the_sweep_index(
     item = stored(table)
     assert item is not None
     assert item["state"] == "seeding"
-    assert item["sweep"] == "live"
+    assert item["sweep"] == LIVE  # its shard of the index
+    assert item["sweep_at"] == item["idle_deadline"]
     assert item["open_ops"] == 1
     assert item["ops"][0]["kind"] == "restore"
     expired = table.query(
         IndexName="by-deadline",
-        KeyConditionExpression="sweep = :live AND idle_deadline < :now",
-        ExpressionAttributeValues={":live": "live", ":now": EXPIRED},
+        KeyConditionExpression="sweep = :live AND sweep_at < :now",
+        ExpressionAttributeValues={":live": LIVE, ":now": EXPIRED},
     )
     assert [found["PK"] for found in expired["Items"]] == ["SLOT#slot-1"]
 
@@ -626,7 +630,7 @@ def test_fence_then_retire_takes_the_slot_out_of_the_sweep_index(
     index = table.query(
         IndexName="by-deadline",
         KeyConditionExpression="sweep = :live",
-        ExpressionAttributeValues={":live": "live"},
+        ExpressionAttributeValues={":live": LIVE},
     )
     assert index["Items"] == []
 
@@ -771,13 +775,13 @@ def test_a_resumed_seed_and_its_debt_are_written_in_one_transaction(
         "schema": 1,
         "key": key,
         "sweep": DEBT_PARTITION,
-        "idle_deadline": EXPIRED,
+        "sweep_at": EXPIRED,
     }
     assert lifecycle.debts(SLOT) == [key]
     # The sweep finds it in its index's debt partition, due at once.
     due = table.query(
         IndexName="by-deadline",
-        KeyConditionExpression="sweep = :debt AND idle_deadline <= :now",
+        KeyConditionExpression="sweep = :debt AND sweep_at <= :now",
         ExpressionAttributeValues={":debt": DEBT_PARTITION, ":now": EXPIRED},
     )
     assert [item["key"] for item in due["Items"]] == [key]
@@ -983,7 +987,7 @@ def test_a_stopped_task_s_slot_leaves_the_sweep_index_and_expires(
     index = table.query(
         IndexName="by-deadline",
         KeyConditionExpression="sweep = :live",
-        ExpressionAttributeValues={":live": "live"},
+        ExpressionAttributeValues={":live": LIVE},
     )
     assert index["Items"] == []
 

@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from pydantic import SecretStr
 
 from conftest import SLOT_UIDS_FROM_HERE
 from seedkeeper.domain.opwindow import Actor, OpRef
@@ -46,7 +45,6 @@ def plan(slot: str) -> SlotPlan:
         slot=slot,
         attempt=1,
         op=OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=1),
-        checkout=SecretStr("https://r2.example/signed"),
     )
 
 

@@ -72,8 +72,8 @@ def test_items_whose_ttl_has_passed_are_deleted_as_dynamodb_does(expiring: Table
             "PK": "expired",
             "SK": "S",
             "expires_at": now - 10,
-            "sweep": "live",
-            "idle_deadline": 1,
+            "sweep": "live#00",
+            "sweep_at": 1,
         }
     )
     expiring.put_item(Item={"PK": "later", "SK": "S", "expires_at": now + 3600})
@@ -87,7 +87,7 @@ def test_items_whose_ttl_has_passed_are_deleted_as_dynamodb_does(expiring: Table
     index = expiring.query(
         IndexName="by-deadline",
         KeyConditionExpression="sweep = :live",
-        ExpressionAttributeValues={":live": "live"},
+        ExpressionAttributeValues={":live": "live#00"},
     )
     assert index["Items"] == []
     # And the others stay

@@ -12,11 +12,14 @@ in test_task_faults.py), until the test releases it."""
 from __future__ import annotations
 
 import hashlib
+import http.server
 import json
 import os
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -289,11 +292,40 @@ def test_a_stop_after_the_checkpoint_is_recorded_parks_the_slot_on_it(
     assert checkpoint_ops(record) == checkpoint_ops(recorded)
 
 
+class _StartOnly(http.server.BaseHTTPRequestHandler):
+    """Forwards a task's start to the real checkpoint function, its Host header and
+    signature as sent; any other call has its connection closed unanswered."""
+
+    real: str
+
+    def do_POST(self) -> None:
+        if not self.path.startswith("/tasks/"):
+            self.close_connection = True
+            return
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        request = urllib.request.Request(  # noqa: S310 - the local gateway
+            self.real + self.path, data=body, method="POST", headers=dict(self.headers.items())
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310
+                status, payload = answer.status, answer.read()
+        except urllib.error.HTTPError as refused:
+            status, payload = refused.code, refused.read()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
 @contextmanager
-def checkpoint_function_at(url: str) -> Iterator[None]:
-    """Tasks launched in the block are told the checkpoint function is at `url`."""
+def only_the_start_answered() -> Iterator[None]:
+    """Tasks launched in the block reach the checkpoint function for their start only:
+    every later call (the upload's) finds nothing answering."""
     real = os.environ["SEEDKEEPER_CHECKPOINT_URL"]
-    os.environ["SEEDKEEPER_CHECKPOINT_URL"] = url
+    handler = type("StartOnly", (_StartOnly,), {"real": real})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    os.environ["SEEDKEEPER_CHECKPOINT_URL"] = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         yield
     finally:
@@ -320,11 +352,10 @@ def assert_lost(slot: Slot, reason: str) -> SlotRecord:
 def test_a_stop_whose_checkpoint_cannot_be_uploaded_records_the_work_lost(
     stack: LocalStack, tmp_path: Path
 ) -> None:
-    with checkpoint_function_at("http://127.0.0.1:9"):  # nothing answers there
+    with only_the_start_answered():
         slot = Slot(stack, tmp_path)
-
-    with slot.stopping():
-        pass
+        with slot.stopping():
+            pass
 
     record = assert_lost(slot, "checkpoint-failed-on-stop")
     assert record.loss is not None

@@ -70,6 +70,12 @@ SEEDED_WRONG: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("ops-map", {"ops": {"0": "x"}}, ()),
     ("sweep-missing", {}, ("sweep",)),
     ("sweep-other", {"sweep": "gone"}, ()),
+    ("sweep-unsharded", {"sweep": "live"}, ()),
+    ("sweep-at-missing", {}, ("sweep_at",)),
+    ("sweep-at-string", {"sweep_at": "soon"}, ()),
+    ("next-look-without-its-count", {"next_look": NOW}, ()),
+    ("retains-without-a-next-look", {"retains": 1}, ()),
+    ("retains-zero", {"next_look": NOW, "retains": 0}, ()),
     ("expires-at-on-a-live-record", {"expires_at": 1_800_000_000}, ()),
     ("state-unknown", {"state": "hibernating"}, ()),
     ("schema-string", {"schema": "1"}, ()),
@@ -209,6 +215,10 @@ def test_a_cold_record_with_a_wrong_fact_is_never_touched(
         pytest.param({"retained_reason": None, "incarnation": None}, id="null-optionals"),
         pytest.param({"checkpoint": None, "expires_at": None}, id="null-checkpoint"),
         pytest.param({"retained_reason": "task-running"}, id="retained-reason"),
+        pytest.param(
+            {"next_look": NOW + 900, "retains": 2, "sweep_at": NOW + 900},
+            id="retained-with-a-backoff",
+        ),
     ],
 )
 def test_a_record_the_codec_accepts_is_touched(stack: Stack, changes: dict[str, Any]) -> None:
@@ -244,9 +254,9 @@ def test_a_cold_record_is_touched(stack: Stack) -> None:
 
 def test_an_unknown_attribute_is_refused_after_the_deadline_moved(stack: Stack) -> None:
     """What a condition cannot see: it names the attributes it tests, never the ones it
-    does not know. The touch writes (deadline, updated_at, rev), the answer is still 409:
-    the record read back is malformed. Safe, because a later deadline only retains longer
-    and nothing else the touch writes is a fact any reader decides on."""
+    does not know. The touch writes (deadline, sweep_at, updated_at, rev), the answer is
+    still 409: the record read back is malformed. Safe, because a later deadline only
+    retains longer and nothing else the touch writes is a fact any reader decides on."""
     stored_in(Lifecycle(stack.table), SLOT, State.SEEDED)
     plant(stack.table, {"planted_by_a_newer_deployment": "x"})
     before = stored(stack.table)
@@ -255,7 +265,7 @@ def test_an_unknown_attribute_is_refused_after_the_deadline_moved(stack: Stack) 
     after = stored(stack.table)
     assert after["rev"] == before["rev"] + 1
     assert after["idle_deadline"] != before["idle_deadline"]
-    unchanged = {"rev", "idle_deadline", "updated_at"}
+    unchanged = {"rev", "idle_deadline", "sweep_at", "updated_at"}
     assert {k: v for k, v in after.items() if k not in unchanged} == {
         k: v for k, v in before.items() if k not in unchanged
     }

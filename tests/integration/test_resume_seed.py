@@ -26,12 +26,15 @@ import pytest
 
 from conftest import Stack
 from repos import git
+from seedkeeper.config import task_starts_from_env
 from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import RetentionSettings, checkpoint_key, new_checkpoint
 from seedkeeper.domain.opwindow import OpKind, OpStatus
+from seedkeeper.domain.outcomes import RestoreGrant
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.record import Loss, SeedSucceeded, SlotRecord, State
 from seedkeeper.domain.transitions import Acknowledged
+from seedkeeper.services.task_start import StartedOp, TaskStart
 from seedkeeper.store.lifecycle import Outcome, Written
 from seedkeeper_task.capture import capture
 from seedkeeper_task.supervisor import CHECKOUT
@@ -89,6 +92,20 @@ def plan_of(slots: Slots, held: Path, incarnation: str) -> SlotPlan:
     prefix = f"{PLAN_VARIABLE}=".encode()
     value = next(entry for entry in environment if entry.startswith(prefix))
     return SlotPlan.from_env(value.removeprefix(prefix).decode())
+
+
+def granted(plan: SlotPlan, incarnation: str) -> RestoreGrant:
+    """What the held task is answered when it starts, asked as it would."""
+    answer = task_starts_from_env().start(
+        TaskStart(
+            slot=plan.slot,
+            attempt=plan.attempt,
+            incarnation=incarnation,
+            op=StartedOp(ordinal=plan.op.ordinal, generation=plan.op.generation),
+        )
+    )
+    assert isinstance(answer, RestoreGrant), answer
+    return answer
 
 
 def changed(outcome: Outcome) -> Written:
@@ -226,11 +243,11 @@ def test_the_owner_resumes_its_parked_slot_from_its_checkpoint(
         "claim": body["claim"],
         "resumed": True,
     }
-    # The refused touch, the resume, the incarnation; one HEAD of the checkpoint; the one
-    # URL handed to the task is the checkpoint's, never a snapshot archive's.
+    # The refused touch, the resume, the incarnation; one HEAD of the checkpoint; no URL:
+    # the task is granted one when it starts (below).
     assert calls["dynamodb"] == ["UpdateItem", "UpdateItem", "UpdateItem"]
     assert calls["s3"] == ["HeadObject"]
-    assert calls["presigned"] == [checkpoint.key]
+    assert calls["presigned"] == []
     record = slots.record()
     assert record.resuming
     assert (record.state, record.attempt, record.incarnation) == (
@@ -251,10 +268,12 @@ def test_the_owner_resumes_its_parked_slot_from_its_checkpoint(
     assert slots.attempts() == ["attempt-1.json", "attempt-2.json"]
 
     plan = plan_of(slots, holding, "local:slot-1:2")
-    assert plan.resume is not None
-    assert (plan.checkout, plan.deps) == (None, None)
     assert (plan.attempt, plan.op, plan.binding) == (2, restore.ref, parked.binding)
-    url = plan.resume.get_secret_value()
+    # The one URL the task is granted is the checkpoint's, never a snapshot archive's.
+    grant = granted(plan, "local:slot-1:2")
+    assert (grant.checkout, grant.deps) == (None, None)
+    url = grant.resume
+    assert url is not None
     assert unquote(urlsplit(url).path) == f"/{bucket(slots.stack)}/{checkpoint.key}"
     assert "X-Amz-Signature=" in url
 
@@ -451,9 +470,10 @@ def test_a_resume_whose_task_died_is_relaunched_as_a_resume_and_counted_from_it(
         with observed(slots.stack) as calls:
             status, answer = slots.seed(body)
         assert (status, answer["attempt"], answer["resumed"]) == (202, attempt + 1, True)
-        assert calls["presigned"] == [checkpoint.key]
+        assert calls["presigned"] == []
         plan = plan_of(slots, holding, f"local:{SLOT}:{attempt + 1}")
-        assert (plan.resume is not None, plan.checkout, plan.attempt) == (True, None, attempt + 1)
+        grant = granted(plan, f"local:{SLOT}:{attempt + 1}")
+        assert (grant.resume is not None, grant.checkout, plan.attempt) == (True, None, attempt + 1)
         record = slots.record()
         assert (record.attempt, record.checkpoint, record.resuming) == (
             attempt + 1,

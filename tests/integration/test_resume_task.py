@@ -22,16 +22,13 @@ from typing import Any
 
 import boto3
 import pytest
-from pydantic import SecretStr
 
-from conftest import Stack, running_local_stack
+from conftest import running_local_stack
 from executor import ORIGIN, claim_for, client_for, publish
 from repos import git, make_repository, tree
-from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import RetentionSettings, checkpoint_key, new_checkpoint
-from seedkeeper.domain.models import Binding, SeedIdentity
 from seedkeeper.domain.opwindow import OpKind
 from seedkeeper.domain.outcomes import Seeded
 from seedkeeper.domain.plan import SlotPlan
@@ -90,7 +87,6 @@ def resume(
     resumed = changed(lifecycle.apply(slot, transitions.RESUME, poll))
     assert resumed.entry is not None
     assert resumed.record.resuming
-    url = R2.from_settings(R2Settings()).presign_get(checkpoint.key, 600)
     plan = SlotPlan(
         slot=slot,
         attempt=resumed.record.attempt,
@@ -98,7 +94,6 @@ def resume(
         seed=parked.seed,
         owner=parked.owner,
         origin=parked.origin,
-        resume=SecretStr(url),
     )
     incarnation = runtime.launch(plan)
     launched = transitions.Launched(incarnation=incarnation, launch=resumed.entry.ref, now=now)
@@ -350,35 +345,32 @@ def test_a_checkpoint_whose_git_directory_is_a_symlink_is_refused(
     assert ".git" in failed.detail
 
 
-def test_a_resume_plan_for_a_record_that_is_not_resuming_is_refused_before_anything(
-    stack: Stack, tmp_path: Path
+def test_a_resume_granted_no_checkpoint_is_refused_before_anything(
+    slots: Slots, repo: Path, tmp_path: Path
 ) -> None:
-    """A plan and a record that disagree (a snapshot seed's record, a resume's plan) never
-    restore anything: its verdict could only be refused, and the record left seeding."""
-    lifecycle = stack.store.lifecycle()
-    seed = SeedIdentity(
-        resource="widgets", ref="main", sha="a" * 40, checkout_backup_id="widgets-checkout"
-    )
+    """A resuming record whose task was granted no checkpoint to restore (a checkpoint
+    function of another release) restores nothing, and says so."""
+    parked = park_on(slots, slots.body(slots.publish(repo)), squashfs_of(repo, tmp_path / "c"))
+    lifecycle = slots.stack.store.lifecycle()
     now = int(time.time())
-    born = lifecycle.birth(
-        "mixed", Binding(owner=None, seed=seed, origin=None), now=now, idle_deadline=now + 600
-    )
-    assert isinstance(born, Written)
-    assert born.entry is not None
+    poll = transitions.Poll(binding=parked.binding, now=now, idle_deadline=now + 1800)
+    resumed = changed(lifecycle.apply(parked.slot, transitions.RESUME, poll))
+    assert resumed.entry is not None
     plan = SlotPlan(
-        slot="mixed",
-        attempt=1,
-        op=born.entry.ref,
-        seed=seed,
-        resume=SecretStr("http://127.0.0.1:9/never-fetched"),
+        slot=parked.slot,
+        attempt=resumed.record.attempt,
+        op=resumed.entry.ref,
+        seed=parked.seed,
+        owner=parked.owner,
+        origin=parked.origin,
     )
-    table = stack.store.table_resource()
+    table = slots.stack.store.table_resource()
     settings = TaskSettings(workspace=tmp_path / "workspace")
     task = SlotTask(plan, settings, Lifecycle(table), SnapshotStore(table), threading.Event())
 
     assert task.restore() == "failed"
 
-    classified = lifecycle.read("mixed")
+    classified = lifecycle.read(parked.slot)
     assert isinstance(classified, Supported)
     result = classified.record.result
     assert isinstance(result, SeedFailed)

@@ -53,7 +53,7 @@ from seedkeeper_task.capture import upload
 from seedkeeper_tools.infra import FUNCTIONS
 
 # Cases per route (positive and negative together). About 12 ms a case on a 2-core
-# machine: 10 routes x 1,000 cases take about 120 s.
+# machine: 11 routes x 1,000 cases take about 130 s.
 CASES_PER_ROUTE = 1000
 
 # (function, path, method)
@@ -68,6 +68,7 @@ ROUTES = [
     ("checkpoint", "/checkpoints/upload", "POST"),
     ("checkpoint", "/checkpoints/record", "POST"),
     ("checkpoint", "/checkpoints/failed", "POST"),
+    ("checkpoint", "/tasks/start", "POST"),
 ]
 
 # The answer is declared for its route: its status, its content type, its body.
@@ -320,11 +321,24 @@ def test_every_real_answer_conforms_to_the_generated_document(
         send("checkpoint", "POST", path, 404, body=stranger)
         send("checkpoint", "POST", path, 400, body=request | {"op": {"ordinal": 0}})
         send("checkpoint", "POST", path, 415, **not_json)
+    # A slot task's start: a cold slot's task (no URL), another task, a seed no generation
+    # names any more (never presigned).
+    started = body_of("task-start") | {"slot": "starting-1"}
+    stored_in(lifecycle, "starting-1", State.UNSEEDED, started["incarnation"])
+    send("checkpoint", "POST", "/tasks/start", 200, body=started)
+    another_task = started | {"incarnation": incarnation.replace("0123", "9999")}
+    send("checkpoint", "POST", "/tasks/start", 404, body=another_task)
+    unrecorded = started | {"slot": "starting-2"}
+    stored_in(lifecycle, "starting-2", State.SEEDING, started["incarnation"])
+    send("checkpoint", "POST", "/tasks/start", 409, body=unrecorded)
+    send("checkpoint", "POST", "/tasks/start", 400, body=started | {"attempt": 0})
+    send("checkpoint", "POST", "/tasks/start", 415, **not_json)
     unconfigured = captured | {"slot": "checkpointing-3"}
     stored_in(lifecycle, "checkpointing-3", State.CHECKPOINTING, incarnation)
     monkeypatch.delenv("SEEDKEEPER_R2_BUCKET")
     for path in routes[:2]:
         send("checkpoint", "POST", path, 503, body=unconfigured)
+    send("checkpoint", "POST", "/tasks/start", 503, body=unrecorded)
 
     # R2 refuses every deletion: the records are gone, the objects owed, the DELETE retried.
     bucket = stack.r2_settings.bucket or ""
@@ -348,6 +362,7 @@ def test_every_real_answer_conforms_to_the_generated_document(
     send("rotation", "DELETE", NAMED, 500, path_parameters=resource)
     for path, request in zip(routes, (captured, captured, not_taken), strict=True):
         send("checkpoint", "POST", path, 500, body=request)
+    send("checkpoint", "POST", "/tasks/start", 500, body=started)
 
     declared = {
         (function, method.upper(), path, int(status))

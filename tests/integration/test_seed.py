@@ -12,7 +12,6 @@ from typing import Any
 
 import boto3
 import pytest
-from pydantic import SecretStr
 
 from conftest import Stack
 from functions import event, invoke
@@ -20,6 +19,7 @@ from repos import git, tree
 from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding, SeedIdentity
+from seedkeeper.domain.outcomes import RestoreGrant
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import SeedFailed, State, Supported
 from seedkeeper.domain.refused import Refused
@@ -413,7 +413,7 @@ def test_a_born_seed_under_another_ref_settles_seed_missing_in_the_task(
 def assert_the_task_settles_seed_missing_unfetched(
     stack: Stack, seed: SeedIdentity, tmp_path: Path
 ) -> None:
-    """Birth a record naming `seed`, run its slot task in-process with a URL nothing
+    """Birth a record naming `seed`, run its slot task in-process granted a URL nothing
     answers, and check it settles `seed-missing` at `download` without a tree."""
     lifecycle = stack.store.lifecycle()
     born = lifecycle.birth(
@@ -429,7 +429,6 @@ def assert_the_task_settles_seed_missing_unfetched(
         attempt=1,
         op=born.entry.ref,
         seed=seed,
-        checkout=SecretStr("http://127.0.0.1:9/never-fetched"),
     )
     table = stack.store.table_resource()
     task = SlotTask(
@@ -439,6 +438,7 @@ def assert_the_task_settles_seed_missing_unfetched(
         SnapshotStore(table),
         threading.Event(),
     )
+    task.grant = RestoreGrant(checkout="http://127.0.0.1:9/never-fetched", expires_in=60)
     assert task.restore() == "failed"
     classified = lifecycle.read("unfetched")
     assert isinstance(classified, Supported)

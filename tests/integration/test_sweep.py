@@ -23,11 +23,13 @@ from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import (
     ENDED_STATES,
+    SWEEP_SHARDS,
     SlotRecord,
     State,
     Supported,
     encode,
     slot_key,
+    sweep_shard,
 )
 from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
 from seedkeeper.domain.snapshots import Archive, NewSnapshot, Rotation, plan_rotation
@@ -35,7 +37,7 @@ from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper.store.snapshots import SnapshotStore
-from seedkeeper.store.sweep_index import SweepIndex
+from seedkeeper.store.sweep_index import PROGRESS_KEY, SweepIndex
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -91,7 +93,11 @@ def touch(lifecycle: Lifecycle, record: SlotRecord, until: int) -> None:
 
 
 def sweeper(
-    table: Table, runtime: FakeRuntime, page_size: int = 100, max_items: int = 1000
+    table: Table,
+    runtime: FakeRuntime,
+    page_size: int = 100,
+    max_items: int = 1000,
+    at: int = EXPIRED + 1,
 ) -> Sweeper:
     return Sweeper(
         index=SweepIndex(table),
@@ -101,7 +107,7 @@ def sweeper(
         r2=None,
         settings=SweepSettings(page_size=page_size, max_items=max_items),
         retention=RETENTION,
-        clock=lambda: EXPIRED + 1,
+        clock=lambda: at,
     )
 
 
@@ -195,7 +201,11 @@ def test_the_whole_matrix_stops_only_what_the_design_permits(
     assert [m["SlotsLost"][0] for m in emitted if "SlotsLost" in m] == [len(report.lost)]
 
 
-def test_a_retained_reason_is_written_once(table: Table, lifecycle: Lifecycle) -> None:
+def test_a_retained_slot_is_looked_at_again_after_its_backoff(
+    table: Table, lifecycle: Lifecycle
+) -> None:
+    """Its reason and next look are written; the next run does not read it (nor write
+    it); the run after its next look does, and backs off twice as long."""
     record = stored_in(lifecycle, "kept", State.SEED_FAILED, INCARNATION)
     runtime = FakeRuntime()
     first = sweeper(table, runtime).sweep()
@@ -204,14 +214,22 @@ def test_a_retained_reason_is_written_once(table: Table, lifecycle: Lifecycle) -
     assert isinstance(noted, Supported)
     assert noted.record.retained_reason == "seed-failed"
     assert noted.record.rev == record.rev + 1
+    assert (noted.record.retains, noted.record.next_look) == (1, EXPIRED + 1 + 300)
+    assert noted.record.idle_deadline == record.idle_deadline  # it keeps its meaning
     calls: list[str] = []
     table.meta.client.meta.events.register(
         "before-call.dynamodb", lambda event_name, **_: calls.append(event_name)
     )
-    second = sweeper(table, runtime).sweep()
-    assert second.retained == {"seed-failed": 1}
+    second = sweeper(table, runtime, at=EXPIRED + 1 + 300).sweep()
+    assert (second.read, second.retained) == (1, {})  # the progress item only
     assert "before-call.dynamodb.UpdateItem" not in calls
     assert lifecycle.read("kept") == noted
+    third = sweeper(table, runtime, at=EXPIRED + 1 + 301).sweep()
+    assert third.retained == {"seed-failed": 1}
+    again = lifecycle.read("kept")
+    assert isinstance(again, Supported)
+    assert again.record.retained_reason == "seed-failed"
+    assert (again.record.retains, again.record.next_look) == (2, EXPIRED + 1 + 301 + 600)
     assert runtime.asked == []
 
 
@@ -251,8 +269,8 @@ def test_records_it_may_not_write_are_retained_untouched(
     future: dict[str, Any] = {
         **slot_key("future"),
         "schema": 99,
-        "sweep": "live",
-        "idle_deadline": NOW,
+        "sweep": sweep_shard("future", SWEEP_SHARDS),
+        "sweep_at": NOW,
         "x": 1,
     }
     table.put_item(Item=future)
@@ -308,7 +326,7 @@ def test_a_long_backlog_is_resumed_from_the_cursor(table: Table) -> None:
             break
     assert sum(seen) == 100
     assert seen[0] < 100  # it really stopped part-way and resumed
-    assert "Item" not in table.get_item(Key={"PK": "SWEEP", "SK": "CURSOR"})
+    assert "cursor" not in table.get_item(Key=PROGRESS_KEY)["Item"]  # the pass ended
 
 
 def test_the_sweep_pays_the_ledger(stack: Stack) -> None:

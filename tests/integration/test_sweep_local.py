@@ -20,7 +20,7 @@ from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind
-from seedkeeper.domain.record import State
+from seedkeeper.domain.record import SWEEP_SHARDS, State
 from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Written
@@ -136,12 +136,14 @@ def test_the_scheduled_function_sweeps_with_the_configured_runtime(slots: Slots)
     assert slots.seed(slots.body(None, slot="cold-1"))[0] == 200
     summary = sweep_function(event("idle-sweep"), Context())
     assert summary == {
-        "read": 1,  # the cursor item: nothing has expired yet
+        "read": 1,  # the progress item: nothing has expired yet
+        "queries": SWEEP_SHARDS,  # one per shard, each answering nothing
         "stopped": [],
         "checkpoints_requested": [],
         "parked": [],
         "lost": [],
         "retained": {},
+        "retained_long": {},
         "left": {},
         "finished": True,
         "debts_paid": 0,

@@ -22,7 +22,7 @@ from seedkeeper.domain.record import SCHEMA, SlotRecord, State, slot_key
 from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.services.sweep import Report, Sweeper, SweepSettings
-from seedkeeper.store.items import DEBT_PARTITION
+from seedkeeper.store.items import owed_since
 from seedkeeper.store.lifecycle import Lifecycle, Written, debt_key
 from seedkeeper.store.sweep_index import SweepIndex
 from seedkeeper_task.supervisor import CHECKOUT
@@ -117,7 +117,7 @@ def test_a_deletion_that_fails_stays_owed_and_a_later_sweep_pays_it(stack: Stack
 def owe(stack: Stack, slot: str, key: str) -> None:
     """A debt item as the store writes one (planted: no transition would owe these)."""
     item: dict[str, Any] = {**debt_key(slot, key), "schema": SCHEMA, "key": key}
-    stack.table.put_item(Item=item | {"sweep": DEBT_PARTITION, "idle_deadline": EXPIRED})
+    stack.table.put_item(Item=item | owed_since(EXPIRED))
 
 
 def test_a_debt_never_deletes_what_a_slot_names_or_another_slots_object(stack: Stack) -> None:

@@ -10,15 +10,14 @@ import os
 from pathlib import Path
 
 import pytest
-from pydantic import SecretStr
 
+from seedkeeper.domain.models import OwnerClaim
 from seedkeeper.domain.opwindow import Actor, OpRef
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
 from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper_tools.local.docker import DockerRuntime
 
-SIGNED_URL = "https://r2.example/signed?X-Amz-Signature=abc"
 # Records its argv and environment, then answers as `docker run --detach` does, or fails
 # with Docker's message when FAKE_DOCKER_ANSWER says so. `inspect --type container`
 # answers as Docker does from the containers FAKE_DOCKER_CONTAINERS holds (JSON, by name):
@@ -65,7 +64,14 @@ def plan(slot: str = "slot-1") -> SlotPlan:
         slot=slot,
         attempt=2,
         op=OpRef(ordinal=1, actor=Actor.SLOT_TASK, generation=2),
-        checkout=SecretStr(SIGNED_URL),
+        owner=OwnerClaim(
+            run="run-1",
+            requester="alice",
+            thread="thread-1",
+            repository="acme/widgets",
+            ref="main",
+            head="a" * 40,
+        ),
     )
 
 
@@ -83,8 +89,8 @@ def test_the_plan_travels_in_the_environment_never_in_an_argv(
     assert isinstance(argv, list)
     assert isinstance(environment, dict)
     assert incarnation == f"docker:{argv[argv.index('--name') + 1]}"
-    assert SIGNED_URL not in json.dumps(argv)
-    assert SlotPlan.from_env(environment[PLAN_VARIABLE]).checkout == plan().checkout
+    assert "alice" not in json.dumps(argv)
+    assert SlotPlan.from_env(environment[PLAN_VARIABLE]) == plan()
     given = {argv[index + 1] for index, word in enumerate(argv) if word == "--env"}
     assert given == {
         "SEEDKEEPER_TABLE",

@@ -185,9 +185,14 @@ def sent_keepalive(
 
 
 def fits_dynamodb_limits(sent: dict[str, Any], condition: BuiltConditionExpression) -> None:
-    """A touch's shape: one UpdateItem of the deadline, answered with the new record or,
-    when its condition fails, the old one; the condition within DynamoDB's limits."""
-    assert sent["UpdateExpression"] == "SET #deadline = :deadline, #updated = :now ADD #rev :one"
+    """A touch's shape: one UpdateItem of the deadline (and the index keys: the slot's
+    shard, `sweep_at` back to the deadline, a retain's backoff ended), answered with the
+    new record or, when its condition fails, the old one; the condition within DynamoDB's
+    limits."""
+    assert sent["UpdateExpression"] == (
+        "SET #deadline = :deadline, #sweep_at = :deadline, #sweep = :shard, #updated = :now"
+        " REMOVE #next_look, #retains ADD #rev :one"
+    )
     assert (sent["ReturnValues"], sent["ReturnValuesOnConditionCheckFailure"]) == (
         "ALL_NEW",
         "ALL_OLD",
@@ -224,6 +229,8 @@ def _items_the_codec_writes() -> list[Any]:
             "retained_reason": "task-running",
             "frozen_at": NOW,
             "checkpoint_failures": 2,
+            "next_look": NOW + 300,
+            "retains": 1,
             "result": success(resumed=True),
         }
     )

@@ -23,6 +23,7 @@ from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding
 from seedkeeper.domain.opwindow import Actor, OpKind, OpRef
 from seedkeeper.domain.record import (
+    SWEEP_SHARDS,
     Absent,
     Malformed,
     SeedFailed,
@@ -33,6 +34,7 @@ from seedkeeper.domain.record import (
     Unsupported,
     classify,
     encode,
+    sweep_shard,
 )
 
 
@@ -63,7 +65,8 @@ def test_an_encoded_record_reads_back_as_the_same_supported_record() -> None:
     assert item["SK"] == "LIFECYCLE"
     assert item["schema"] == 1
     assert item["open_ops"] == 1
-    assert item["sweep"] == "live"
+    assert item["sweep"] == sweep_shard("slot-1", SWEEP_SHARDS)  # its shard of the index
+    assert item["sweep_at"] == record.idle_deadline
     assert "incarnation" not in item  # absent facts are absent attributes
     assert classify("slot-1", as_read(item)) == Supported(record)
 
@@ -79,6 +82,7 @@ def test_a_retired_record_leaves_the_sweep_index() -> None:
     retired = record_in(State.RETIRED)
     item = encode(retired)
     assert "sweep" not in item
+    assert "sweep_at" not in item
     assert item["expires_at"] == retired.expires_at
     assert classify("slot-1", as_read(item)) == Supported(retired)
 
@@ -116,6 +120,11 @@ def _with(**changes: Any) -> Any:
         (_with(state="unseeded"), "seed"),
         (_with(open_ops=0), "open_ops"),
         (_without("sweep"), "sweep"),
+        (_with(sweep="live"), "sweep"),  # the index key before it was sharded
+        (_with(sweep="live#7"), "sweep"),
+        (_without("sweep_at"), "sweep_at"),
+        (_with(sweep_at=NOW), "sweep_at"),  # not the record's idle deadline
+        (_with(next_look=EXPIRED), "next look"),  # a backoff without its count
         (_with(surprise=True), "surprise"),
         (_with(owner={"run": "r"}), "owner"),
         (_with(origin="https://user:pw@example.com/r.git"), "origin"),

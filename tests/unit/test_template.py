@@ -5,23 +5,38 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from cfnlint.api import lint_all
 from pydantic_settings import BaseSettings
 
+from builders import EXPIRED, stored_in
 from seedkeeper.adapters.r2 import R2Settings, transfer_mode
 from seedkeeper.adapters.runtime import RuntimeSettings
 from seedkeeper.config import StoreSettings
-from seedkeeper.domain.checkpoints import RetentionSettings
+from seedkeeper.domain.checkpoints import RetentionSettings, retry_after
+from seedkeeper.domain.opwindow import OpKind
+from seedkeeper.domain.outcomes import CheckpointNotTaken
+from seedkeeper.domain.plan import SlotPlan
+from seedkeeper.domain.record import State, Supported
+from seedkeeper.domain.runtime import UNKNOWN, TaskState, TaskStatus
+from seedkeeper.observability import METRICS_NAMESPACE
+from seedkeeper.services.checkpoints import CheckpointOp, CheckpointService, NotTaken
 from seedkeeper.services.seed import SeedSettings
-from seedkeeper.services.sweep import SweepSettings
+from seedkeeper.services.sweep import Sweeper, SweepSettings
+from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper.store.sweep_index import SweepIndex
 from seedkeeper_task.supervisor import TaskSettings
 from seedkeeper_task.watch import CheckpointSettings
 from seedkeeper_tools.infra import TABLE_RESOURCE, TEMPLATE, load_template, table_properties
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.service_resource import Table
 
 Template = dict[str, Any]
 Statement = Mapping[str, Any]
@@ -266,11 +281,11 @@ def test_the_lifecycle_table_is_declared_as_designed() -> None:
     (index,) = properties["GlobalSecondaryIndexes"]
     assert index["IndexName"] == "by-deadline"
     assert index["KeySchema"] == [
-        {"AttributeName": "sweep", "KeyType": "HASH"},
-        {"AttributeName": "idle_deadline", "KeyType": "RANGE"},
+        {"AttributeName": "sweep", "KeyType": "HASH"},  # a live slot's shard, or `debt`
+        {"AttributeName": "sweep_at", "KeyType": "RANGE"},
     ]
     types = {d["AttributeName"]: d["AttributeType"] for d in properties["AttributeDefinitions"]}
-    assert types == {"PK": "S", "SK": "S", "sweep": "S", "idle_deadline": "N"}
+    assert types == {"PK": "S", "SK": "S", "sweep": "S", "sweep_at": "N"}
 
 
 def test_short_form_tags_are_understood() -> None:
@@ -754,3 +769,342 @@ def test_the_executor_policy_grants_both_actions_on_the_executors_urls_only(
     for name, function in zip(EXECUTOR_FUNCTIONS, functions_, strict=True):
         output = "".join(part.capitalize() for part in name.split("_")) + "FunctionArn"
         assert outputs[output]["Value"] == function, output
+
+
+def test_nothing_else_lets_the_slot_task_invoke_a_function(template: Template) -> None:
+    """Besides its own two statements, nothing widens what the task role may invoke: no
+    function's resource policy, no policy attached to the role from elsewhere, and every
+    Lambda grant in the stack names functions by their ARNs, never "*"."""
+    resources = template["Resources"]
+    # Function URLs are AWS_IAM: callers are granted by their identity policies, never by a
+    # resource policy that could name the task role (or everyone).
+    assert [r for r in resources.values() if r["Type"] == "AWS::Lambda::Permission"] == []
+    for name, resource in resources.items():
+        if resource["Type"] in {"AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"}:
+            assert TASK_ROLE not in json.dumps(resource["Properties"].get("Roles", [])), name
+    assert "ManagedPolicyArns" not in resources[TASK_ROLE]["Properties"]
+    managed = [
+        resource["Properties"]["PolicyDocument"]["Statement"]
+        for resource in resources.values()
+        if resource["Type"] == "AWS::IAM::ManagedPolicy"
+    ]
+    for statement in (s for granted in [*statements(template).values(), *managed] for s in granted):
+        if any(action.startswith("lambda:") for action in as_list(statement["Action"])):
+            for resource in as_list(statement["Resource"]):
+                assert set(resource) == {"Fn::GetAtt"}, resource  # one function's ARN
+
+
+# -- operations: the sweep's dead letters, alarms, the dashboard ---------------------------
+
+DEAD_LETTERS = "SweepDeadLetterQueue"
+DASHBOARD = "OperationsDashboard"
+ALARM_ACTIONS = {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}
+# The reasons whose long retention raises an alarm (the issue's two).
+LONG_RETAINED_REASONS = {"checkpoint-failed", "task-unknown"}
+# Clock of the sweep that renders the metrics: long after every test slot's idle deadline
+# (beyond SEEDKEEPER_RETAINED_ALERT_AFTER's default hour).
+LONG_AFTER = EXPIRED + 2 * 3600
+
+Dimensions = dict[str, Any]
+
+
+def alarms(template: Template) -> dict[str, dict[str, Any]]:
+    """Every alarm's properties, by logical id."""
+    return {
+        name: resource["Properties"]
+        for name, resource in template["Resources"].items()
+        if resource["Type"] == "AWS::CloudWatch::Alarm"
+    }
+
+
+def dimensions_of(alarm: Mapping[str, Any]) -> Dimensions:
+    return {d["Name"]: d["Value"] for d in alarm.get("Dimensions", [])}
+
+
+def alarms_on(template: Template, namespace: str, metric: str) -> list[dict[str, Any]]:
+    return [
+        alarm
+        for alarm in alarms(template).values()
+        if (alarm["Namespace"], alarm["MetricName"]) == (namespace, metric)
+    ]
+
+
+def test_the_sweep_schedule_retries_and_keeps_its_dead_letters(template: Template) -> None:
+    (event,) = functions(template)["idle_sweep"]["Events"].values()
+    schedule = event["Properties"]
+    retry = schedule["RetryPolicy"]
+    assert retry["MaximumRetryAttempts"] >= 1  # every decision is fenced: a retry is safe
+    # A delivery is given up before the next run is due, at the shortest rate allowed.
+    shortest_rate = template["Parameters"]["SweepRateMinutes"]["MinValue"] * 60
+    assert retry["MaximumEventAgeInSeconds"] < shortest_rate
+    # The stack's own queue by its ARN, and no role of ours: SAM then generates the
+    # schedule's role with sqs:SendMessage on exactly this queue.
+    assert schedule["DeadLetterConfig"] == {"Arn": {"Fn::GetAtt": [DEAD_LETTERS, "Arn"]}}
+    assert "RoleArn" not in schedule
+    queue = template["Resources"][DEAD_LETTERS]
+    assert queue["Type"] == "AWS::SQS::Queue"
+    assert queue["Properties"]["SqsManagedSseEnabled"] is True
+    assert queue["Properties"]["MessageRetentionPeriod"] == 14 * 86_400
+    (alarm,) = alarms_on(template, "AWS/SQS", "ApproximateNumberOfMessagesVisible")
+    assert dimensions_of(alarm) == {"QueueName": {"Fn::GetAtt": [DEAD_LETTERS, "QueueName"]}}
+    assert template["Outputs"]["SweepDeadLetterQueueUrl"]["Value"] == {"Ref": DEAD_LETTERS}
+
+
+def test_every_alarm_fires_on_one_occurrence_and_notifies_the_topic_when_given(
+    template: Template,
+) -> None:
+    """Each alarm watches for one occurrence (an error, a loss, a dead letter); no data is
+    "nothing happened"; every one notifies AlarmTopicArn, or no one when it is empty."""
+    assert template["Parameters"]["AlarmTopicArn"]["Default"] == ""
+    assert template["Conditions"]["HasAlarmTopic"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "AlarmTopicArn"}, ""]}]
+    }
+    assert alarms(template)
+    for name, alarm in alarms(template).items():
+        assert alarm["ComparisonOperator"] == "GreaterThanThreshold", name
+        assert alarm["Threshold"] == 0, name
+        assert alarm["TreatMissingData"] == "notBreaching", name
+        assert alarm["AlarmActions"] == ALARM_ACTIONS, name
+        assert "${AWS::StackName}" in alarm["AlarmName"]["Fn::Sub"], name
+
+
+def test_every_function_has_an_errors_and_a_throttles_alarm(template: Template) -> None:
+    """One alarm per function and metric, so its name says which function. The idle sweep's
+    Errors alarm is the sweep's: a run that raised or timed out."""
+    ids = sorted(function_ids(template).values())
+    assert len(ids) == len(READS)
+    for metric in ("Errors", "Throttles"):
+        watching = alarms_on(template, "AWS/Lambda", metric)
+        named = sorted(dimensions_of(alarm)["FunctionName"]["Ref"] for alarm in watching)
+        assert named == ids, metric
+        for alarm in watching:
+            assert set(dimensions_of(alarm)) == {"FunctionName"}
+            assert (alarm["Statistic"], alarm["EvaluationPeriods"]) == ("Sum", 1)
+
+
+@dataclass
+class TaskStates:
+    """A runtime that answers each incarnation's state; the sweep's stops succeed."""
+
+    states: dict[str, TaskState]
+
+    def launch(self, plan: SlotPlan) -> str:
+        raise AssertionError("the sweep never launches")
+
+    def status(self, incarnation: str) -> TaskStatus:
+        raise AssertionError("the sweep asks a page's tasks in one batch")
+
+    def statuses(self, incarnations: Sequence[str]) -> dict[str, TaskState]:
+        return {incarnation: self.states[incarnation] for incarnation in incarnations}
+
+    def stop(self, incarnation: str) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What the code printed as EMF: each metric's (namespace, dimensions), every time."""
+
+    metrics: dict[str, list[tuple[str, Dimensions]]]
+    retained_reasons: set[str]  # as the code writes them (metric dimension, record)
+
+
+@pytest.fixture
+def rendered(
+    template: Template,
+    table: Table,
+    lifecycle: Lifecycle,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Rendered:
+    """The sweep and the checkpoint function run for real (moto's table) in their functions'
+    environment as deployed: Powertools adds dimensions of its own from it (`service`).
+    One slot for each thing the sweep counts; one checkpoint recorded failed."""
+    values = sample_values(template)
+    for variable in [name for name in os.environ if name.startswith("POWERTOOLS_")]:
+        monkeypatch.delenv(variable)
+    for folder in ("idle_sweep", "checkpoint"):
+        for variable, value in functions(template)[folder]["Environment"]["Variables"].items():
+            if variable.startswith("POWERTOOLS_"):
+                monkeypatch.setenv(variable, str(resolve(value, values)))
+    running = TaskState(TaskStatus.RUNNING)
+    rows = {
+        "cold": (State.UNSEEDED, running),  # stopped
+        "asked": (State.SEEDED, running),  # asked to checkpoint
+        "parked": (State.CHECKPOINTED, running),  # parked
+        "gone": (State.SEEDED, TaskState.stopped("SpotInterruption", "interrupted")),  # lost
+        "unknown": (State.SEEDED, UNKNOWN),  # retained (task-unknown), long past its deadline
+        "failing": (State.CHECKPOINTING, running),  # its checkpoint fails first
+    }
+    incarnations = {slot: f"local:{slot}:1" for slot in rows}
+    records = {slot: stored_in(lifecycle, slot, state) for slot, (state, _) in rows.items()}
+    capsys.readouterr()
+    failing = records["failing"]
+    (op,) = [e.ref for e in failing.window.entries if e.kind is OpKind.CHECKPOINT]
+    checkpoints = CheckpointService(
+        lifecycle=lifecycle,
+        r2=None,
+        settings=RetentionSettings(),
+        presign_expiry=600,
+        clock=lambda: EXPIRED,
+    )
+    failed = NotTaken(
+        slot=failing.slot,
+        incarnation=incarnations["failing"],
+        op=CheckpointOp(ordinal=op.ordinal, generation=op.generation),
+        reason="capture-timeout",
+    )
+    assert isinstance(checkpoints.not_taken(failed), CheckpointNotTaken)
+    after = lifecycle.read(failing.slot)
+    assert isinstance(after, Supported)
+    failed_reason = after.record.retained_reason
+    assert failed_reason is not None
+    runtime = TaskStates({incarnations[slot]: task for slot, (_, task) in rows.items()})
+    Sweeper(
+        index=SweepIndex(table),
+        lifecycle=lifecycle,
+        runtime=lambda: runtime,
+        snapshots=None,
+        r2=None,
+        settings=SweepSettings(),
+        retention=RetentionSettings(),
+        clock=lambda: LONG_AFTER,
+        # One failed checkpoint's backoff (60 s) is as long as the failing slot must fail.
+        retained_alert_after=retry_after(1),
+    ).sweep()
+    metrics: dict[str, list[tuple[str, Dimensions]]] = {}
+    for line in capsys.readouterr().out.splitlines():
+        if '"_aws"' not in line:
+            continue  # a log line
+        document = json.loads(line)
+        (directive,) = document["_aws"]["CloudWatchMetrics"]
+        (names,) = directive["Dimensions"]
+        for metric in directive["Metrics"]:
+            dimensions = {name: document[name] for name in names}
+            metrics.setdefault(metric["Name"], []).append((directive["Namespace"], dimensions))
+    retained = {dimensions["reason"] for _, dimensions in metrics.get("SlotsRetained", [])}
+    return Rendered(metrics, retained | {failed_reason})
+
+
+def same_shape(watched: Dimensions, emitted: Dimensions, reasons: set[str]) -> bool:
+    """The same dimension names, the same values but for `reason`, a real reason token."""
+    if set(watched) != set(emitted):
+        return False
+    fixed = {name for name in watched if name != "reason"}
+    if any(watched[name] != emitted[name] for name in fixed):
+        return False
+    return "reason" not in watched or watched["reason"] in reasons
+
+
+def test_the_alarms_watch_our_metrics_exactly_as_the_code_emits_them(
+    template: Template, rendered: Rendered
+) -> None:
+    """An alarm on a namespace, a name or a dimension set never emitted never fires. Each
+    alarm on our metrics names what the code prints (the `service` dimension Powertools
+    adds included), and its reason is one the code writes."""
+    assert rendered.retained_reasons >= LONG_RETAINED_REASONS
+    ours = [a for a in alarms(template).values() if a["Namespace"] == METRICS_NAMESPACE]
+    for alarm in ours:
+        emitted = rendered.metrics[alarm["MetricName"]]
+        assert {namespace for namespace, _ in emitted} == {METRICS_NAMESPACE}
+        assert any(
+            same_shape(dimensions_of(alarm), dimensions, rendered.retained_reasons)
+            for _, dimensions in emitted
+        ), alarm["MetricName"]
+    watched = {(a["MetricName"], dimensions_of(a).get("reason")) for a in ours}
+    assert watched == {
+        ("SlotsLost", None),
+        *(("SlotsRetainedLong", reason) for reason in LONG_RETAINED_REASONS),
+    }
+    # Each alarm's own series is emitted, its reason included: none waits for nothing.
+    emitted_series = {
+        (name, dimensions.get("reason"))
+        for name, series in rendered.metrics.items()
+        for _, dimensions in series
+    }
+    assert watched <= emitted_series
+
+
+def test_the_comparison_catches_an_alarm_that_would_never_fire(rendered: Rendered) -> None:
+    """The check above fails on the mistakes it exists for."""
+    ((_, lost), *_) = rendered.metrics["SlotsLost"]
+    assert not same_shape({}, lost, rendered.retained_reasons)  # `service` forgotten
+    ((_, long), *_) = rendered.metrics["SlotsRetainedLong"]
+    reasons = rendered.retained_reasons
+    assert same_shape(long, long, reasons)
+    assert not same_shape({"reason": long["reason"]}, long, reasons)
+    assert not same_shape(long | {"service": "another"}, long, reasons)
+    assert not same_shape(long | {"reason": "checkpoint_failed"}, long, reasons)
+
+
+SEARCH = re.compile(r"SEARCH\('\{([^}]*)\} MetricName=\"(\w+)\"', '\w+', \d+\)")
+
+
+def dashboard(template: Template) -> dict[str, Any]:
+    """The dashboard's body, every `${...}` replaced by its name: valid JSON or not."""
+    body = template["Resources"][DASHBOARD]["Properties"]["DashboardBody"]["Fn::Sub"]
+    placeholders = set(re.findall(r"\$\{([^}]+)\}", body))
+    declared = set(template["Resources"]) | set(template["Parameters"]) | {"AWS::Region"}
+    assert {name.split(".")[0] for name in placeholders} <= declared
+    shown: dict[str, Any] = json.loads(re.sub(r"\$\{([^}]+)\}", r"\1", body))
+    return shown
+
+
+def dashboard_metrics(template: Template) -> list[tuple[str, str, Dimensions | set[str]]]:
+    """(namespace, metric, dimensions) of every line drawn: the dimensions themselves, or
+    for a SEARCH the dimension names it draws one line per value of."""
+    found: list[tuple[str, str, Dimensions | set[str]]] = []
+    for widget in dashboard(template)["widgets"]:
+        assert widget["properties"]["region"] == "AWS::Region"
+        for line in widget["properties"]["metrics"]:
+            if "expression" in line[0]:
+                match = SEARCH.fullmatch(line[0]["expression"])
+                assert match is not None, line
+                namespace, *names = match.group(1).split(",")
+                found.append((namespace, match.group(2), set(names)))
+            else:
+                namespace, metric, *pairs = [item for item in line if isinstance(item, str)]
+                found.append((namespace, metric, dict(zip(pairs[::2], pairs[1::2], strict=True))))
+    return found
+
+
+def test_the_dashboard_draws_every_metric_we_emit_as_emitted(
+    template: Template, rendered: Rendered
+) -> None:
+    """Every metric the code emits is on the dashboard, per reason where it has one (a
+    SEARCH over the reason: a new reason appears by itself), with the dimensions emitted."""
+    drawn = [
+        (metric, dims)
+        for ns, metric, dims in dashboard_metrics(template)
+        if ns == METRICS_NAMESPACE
+    ]
+    assert {metric for metric, _ in drawn} == set(rendered.metrics)
+    for metric, dimensions in drawn:
+        emitted = [d for _, d in rendered.metrics[metric]]
+        if isinstance(dimensions, set):
+            assert "reason" in dimensions, metric
+            assert all(set(d) == dimensions for d in emitted), metric
+        else:
+            assert all(d == dimensions for d in emitted), metric
+    for metric in ("SlotsRetained", "SlotsRetainedLong", "CheckpointsFailed"):
+        assert (metric, {"reason", "service"}) in drawn
+
+
+def test_the_dashboard_draws_every_functions_errors_throttles_and_the_dead_letters(
+    template: Template,
+) -> None:
+    drawn = dashboard_metrics(template)
+    ids = sorted(function_ids(template).values())
+    for metric in ("Errors", "Throttles"):
+        named = sorted(
+            dims["FunctionName"]
+            for namespace, name, dims in drawn
+            if (namespace, name) == ("AWS/Lambda", metric) and isinstance(dims, dict)
+        )
+        assert named == ids, metric
+    assert (
+        "AWS/SQS",
+        "ApproximateNumberOfMessagesVisible",
+        {"QueueName": f"{DEAD_LETTERS}.QueueName"},
+    ) in drawn
+    assert template["Outputs"]["OperationsDashboardName"]["Value"] == {"Ref": DASHBOARD}

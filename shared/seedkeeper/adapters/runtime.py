@@ -152,6 +152,9 @@ class EcsRuntime:
                 },
             )
         except (ClientError, BotoCoreError) as error:
+            existing = _task_holding_the_token(error)
+            if existing is not None:
+                return existing
             code = _code(error)
             transient = isinstance(error, BotoCoreError) or code in _TRANSIENT_CODES
             raise RuntimeUnavailable(code, retryable=transient) from error
@@ -213,7 +216,21 @@ class EcsRuntime:
 
 
 def _client_token(plan: SlotPlan) -> str:
+    """One per attempt: a relaunch of the attempt sends the same request (the plan holds no
+    URL, nothing fresh), so within the token's life ECS answers the task it started."""
     return f"{hashlib.sha256(plan.slot.encode()).hexdigest()[:48]}-{plan.attempt}"
+
+
+def _task_holding_the_token(error: ClientError | BotoCoreError) -> str | None:
+    """The attempt's task when ECS refuses the token as in use by a different request (a
+    release changed the task definition between a launch and its relaunch): that task is
+    the attempt's, never a second one."""
+    if not isinstance(error, ClientError) or _code(error) != "ConflictException":
+        return None
+    holders = error.response.get("resourceIds")
+    if isinstance(holders, list) and holders and isinstance(holders[0], str):
+        return holders[0]
+    return None
 
 
 # RunTask's answers that say "not now": throttled, or a fault of its own (ECS's errors).

@@ -70,6 +70,7 @@ OUTCOMES: Mapping[str, Status] = {
     "Seeding": always(HTTPStatus.ACCEPTED),  # poll again
     "KeptAlive": always(HTTPStatus.OK),
     "Receipt": always(HTTPStatus.OK),
+    "RestoreGrant": always(HTTPStatus.OK),
     "UploadGrant": always(HTTPStatus.OK),
     "CheckpointRecorded": always(HTTPStatus.OK),
     "CheckpointNotTaken": always(HTTPStatus.OK),
@@ -102,6 +103,8 @@ REFUSALS: Mapping[str, HTTPStatus] = {
     # a checkpoint (the slot task's calls)
     "checkpoint-not-open": HTTPStatus.CONFLICT,
     "checkpoint-unverified": HTTPStatus.CONFLICT,
+    # a task's start: its seed's archives are no longer recorded (rotated out since launch)
+    "seed-missing": HTTPStatus.CONFLICT,
     # a resource's snapshots
     "resource-not-found": HTTPStatus.NOT_FOUND,
     "rotation-conflict": HTTPStatus.CONFLICT,

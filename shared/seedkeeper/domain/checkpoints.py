@@ -70,6 +70,12 @@ def retry_after(failures: int) -> int:
     return min(RETRY_MOST, doubled)
 
 
+def failing_for(failures: int) -> int:
+    """At least how long a slot asked again after `failures` failed checkpoints in a row
+    has kept its work unparked since the first failed: the retries' waits, end to end."""
+    return sum(retry_after(failure) for failure in range(1, failures + 1))
+
+
 def new_checkpoint(
     settings: RetentionSettings,
     *,

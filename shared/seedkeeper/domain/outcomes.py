@@ -105,6 +105,17 @@ class Evidence(Model):
 # -- /checkpoints (the slot task's) ---------------------------------------------------------
 
 
+class RestoreGrant(Model):
+    """What a started slot task restores from: presigned GETs of its seed's archives, or of
+    its parked checkpoint on a resume (none for a cold slot). The task verifies each
+    against the size and sha256 recorded."""
+
+    checkout: str | None = None
+    deps: str | None = None
+    resume: str | None = None
+    expires_in: int
+
+
 class UploadGrant(Model):
     """Where to PUT one checkpoint: the URL and the headers its signature covers."""
 

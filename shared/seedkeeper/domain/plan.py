@@ -1,12 +1,17 @@
-"""What the seed function hands the slot task: everything it needs, in one validated model
-carried in one environment variable. It holds presigned URLs: never log it."""
+"""What the seed function hands the slot task: which attempt of which slot it is, and the
+binding it restores, in one validated model carried in one environment variable (RunTask's
+container overrides).
+
+It carries no credential and no URL: RunTask's overrides are visible to anyone allowed
+DescribeTasks and in CloudTrail. The task asks the checkpoint function for the presigned
+URLs it restores from when it starts (`POST /tasks/start`, signed with its task role), and
+only the task the record names for this attempt is answered."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 
 from seedkeeper.domain.models import Binding, Model, Origin, OwnerClaim, SeedIdentity, SlotId
 from seedkeeper.domain.opwindow import OpRef
@@ -23,13 +28,6 @@ class SlotPlan(Model):
     seed: SeedIdentity | None = None
     owner: OwnerClaim | None = None
     origin: Origin | None = None
-    # Presigned GET URLs of the seed's archives (credentials until they expire). The task
-    # reads the size and sha256 to verify against from the snapshot records themselves.
-    checkout: SecretStr | None = None
-    deps: SecretStr | None = None
-    # A resume: the presigned GET of the slot's parked checkpoint, restored instead of the
-    # snapshot (verified against the size and sha256 the record names).
-    resume: SecretStr | None = None
     deps_path: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")] = (
         "node_modules"
     )
@@ -39,16 +37,8 @@ class SlotPlan(Model):
         return Binding(owner=self.owner, seed=self.seed, origin=self.origin)
 
     def to_env(self) -> str:
-        """The JSON for PLAN_VARIABLE, URLs revealed (SecretStr hides them everywhere else)."""
-        body = self.model_dump(mode="json", exclude_none=True)
-        for name, url in (
-            ("checkout", self.checkout),
-            ("deps", self.deps),
-            ("resume", self.resume),
-        ):
-            if url is not None:
-                body[name] = url.get_secret_value()
-        return json.dumps(body, separators=(",", ":"))
+        """The JSON for PLAN_VARIABLE."""
+        return self.model_dump_json(exclude_none=True)
 
     @classmethod
     def from_env(cls, value: str) -> SlotPlan:

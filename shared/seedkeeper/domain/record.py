@@ -7,6 +7,8 @@ can be handed to a lifecycle transition, so the other two are never rewritten.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
@@ -32,8 +34,14 @@ from seedkeeper.domain.opwindow import Window
 SCHEMA = 1
 LIFECYCLE_SK = "LIFECYCLE"
 SLOT_PREFIX = "SLOT#"
-# The sparse index's partition value: present while a slot may have a live container.
-SWEEP_PARTITION = "live"
+# The sparse index's partition values while a slot may have a live container: `live#00`
+# to `live#99`, a slot's shard a stable hash of its id, so no one partition takes every
+# touch. The shard count may grow (the sweep queries every shard ever used); a record moves
+# to its shard under the current count when it is born, resumed or touched.
+LIVE_PREFIX = "live#"
+SWEEP_SHARDS = 16  # unless configured (`StoreSettings.sweep_shards`)
+MAX_SWEEP_SHARDS = 100  # two digits
+_LIVE_PARTITION = re.compile(r"live#[0-9]{2}")
 
 EpochSeconds = Annotated[int, Field(ge=0)]
 Detail = Annotated[str, Field(max_length=512)]
@@ -134,6 +142,11 @@ class SlotRecord(Model):
     checkpoint: Checkpoint | None = None
     result: SeedResult | None = None
     retained_reason: Token | None = None
+    # Set by the sweep's retain, cleared by every other write: when it looks at the slot
+    # again (the backoff after `retains` retains in a row), so a slot nothing changes is
+    # not re-read every run.
+    next_look: EpochSeconds | None = None
+    retains: Annotated[int, Field(ge=1, le=1000)] | None = None
     # Set by the slot task before it stops the sandbox, cleared after it resumes it: while
     # set, the sandbox may be frozen (a poll says so).
     frozen_at: EpochSeconds | None = None
@@ -146,6 +159,12 @@ class SlotRecord(Model):
     @property
     def binding(self) -> Binding:
         return Binding(owner=self.owner, seed=self.seed, origin=self.origin)
+
+    @property
+    def sweep_at(self) -> int:
+        """When the sweep looks at the slot: its idle deadline, or later while a retain's
+        backoff runs (the index's sort key; `idle_deadline` keeps its meaning)."""
+        return max(self.idle_deadline, self.next_look or 0)
 
     @property
     def resuming(self) -> bool:
@@ -175,6 +194,8 @@ class SlotRecord(Model):
             raise ValueError(f"a {self.state} record has no task to be frozen")
         if (self.state is State.LOST) != (self.loss is not None):
             raise ValueError("exactly the lost records say what was lost")
+        if (self.next_look is None) != (self.retains is None):
+            raise ValueError("a retain's next look and its count go together")
         return self
 
 
@@ -215,9 +236,21 @@ def slot_key(slot: str) -> dict[str, str]:
     return {"PK": f"{SLOT_PREFIX}{slot}", "SK": LIFECYCLE_SK}
 
 
-def encode(record: SlotRecord) -> dict[str, Any]:
+def sweep_shard(slot: str, shards: int) -> str:
+    """The index partition of a live slot among `shards`: sha256 of its id, the same in
+    every process (Python's `hash` of a string is salted per process)."""
+    digest = hashlib.sha256(slot.encode()).digest()
+    return shard_partition(int.from_bytes(digest[:8], "big") % shards)
+
+
+def shard_partition(shard: int) -> str:
+    return f"{LIVE_PREFIX}{shard:02d}"
+
+
+def encode(record: SlotRecord, *, shards: int = SWEEP_SHARDS) -> dict[str, Any]:
     """The DynamoDB item of a record (plain Python values; absent facts are absent
-    attributes). `open_ops` and `sweep` are derived here so conditions can test them."""
+    attributes). `open_ops` and the index keys (`sweep`: the slot's shard among `shards`;
+    `sweep_at`) are derived here so conditions can test them."""
     body = record.model_dump(mode="json", exclude_none=True, exclude={"slot", "window"})
     window = record.window
     item: dict[str, Any] = {
@@ -229,7 +262,8 @@ def encode(record: SlotRecord) -> dict[str, Any]:
         "open_ops": window.unsettled,
     }
     if record.state not in ENDED_STATES:
-        item["sweep"] = SWEEP_PARTITION
+        item["sweep"] = sweep_shard(record.slot, shards)
+        item["sweep_at"] = record.sweep_at
     return item
 
 
@@ -257,7 +291,7 @@ def decode(item: dict[str, Any]) -> SlotRecord:
     if fields.pop("schema", None) != SCHEMA:
         raise ValueError(f"schema is not {SCHEMA}")
     open_ops = fields.pop("open_ops", None)
-    sweep = fields.pop("sweep", None)
+    sweep, sweep_at = fields.pop("sweep", None), fields.pop("sweep_at", None)
     fields["window"] = {
         "entries": fields.pop("ops", []),
         "next_ordinal": fields.pop("next_ordinal", None),
@@ -266,8 +300,13 @@ def decode(item: dict[str, Any]) -> SlotRecord:
     record = validate_item(SlotRecord, fields)
     if open_ops != record.window.unsettled:
         raise ValueError("open_ops does not count the unsettled operations")
-    if sweep != (None if record.state in ENDED_STATES else SWEEP_PARTITION):
-        raise ValueError("sweep does not match the state")
+    if record.state in ENDED_STATES:
+        if sweep is not None or sweep_at is not None:
+            raise ValueError("sweep: an ended record is out of the sweep's index")
+    elif not (isinstance(sweep, str) and _LIVE_PARTITION.fullmatch(sweep)):
+        raise ValueError("sweep does not name a live shard")  # any: the count may have grown
+    elif sweep_at != record.sweep_at:
+        raise ValueError("sweep_at is not the record's next look")
     return record
 
 

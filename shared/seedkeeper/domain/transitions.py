@@ -255,9 +255,22 @@ class Lost:
 
 
 @dataclass(frozen=True)
+class Backoff:
+    """When the sweep looks again at a slot it retained: `first` seconds after the first
+    retain (about one sweep period), doubling with each retain in a row, at most `most`."""
+
+    first: int = 300
+    most: int = 3600
+
+    def after(self, retains: int) -> int:
+        return min(self.most, self.first << min(retains - 1, 16))
+
+
+@dataclass(frozen=True)
 class Retained:
     reason: str
     now: int
+    backoff: Backoff = Backoff()
 
 
 @dataclass(frozen=True)
@@ -656,6 +669,10 @@ RECORD_CHECKPOINT = Transition[Uploaded](
 )
 
 
+# Why a slot whose checkpoint failed is not parked yet (asked again after a backoff).
+CHECKPOINT_FAILED_REASON = "checkpoint-failed"
+
+
 def _checkpoint_failed(record: SlotRecord, failed: CheckpointFailed) -> Decision:
     """Nothing is parked: the slot is seeded again, asked again after a backoff (its idle
     deadline moves to then), and says why."""
@@ -671,7 +688,7 @@ def _checkpoint_failed(record: SlotRecord, failed: CheckpointFailed) -> Decision
         window=settled.window,
         frozen_at=None,
         checkpoint_failures=failures,
-        retained_reason="checkpoint-failed",
+        retained_reason=CHECKPOINT_FAILED_REASON,
         idle_deadline=max(record.idle_deadline, failed.now + retry_after(failures)),
     )
     return Change(changed, settled.entry)
@@ -864,12 +881,21 @@ LOSE = Transition[Lost](
 )
 
 
+def _retain(record: SlotRecord, retained: Retained) -> Decision:
+    """Why the sweep keeps this slot, and when it looks again: later with each retain in a
+    row. Any other write clears the backoff (`_next`), so a change is looked at promptly."""
+    retains = min((record.retains or 0) + 1, 1000)
+    look = retained.now + retained.backoff.after(retains)
+    changed = _next(
+        record, retained.now, retained_reason=retained.reason, retains=retains, next_look=look
+    )
+    return Change(changed)
+
+
 NOTE_RETAINED = Transition[Retained](
     "note_retained",
-    # Why the sweep keeps this slot: written once, not again while the reason holds.
     checks=(InState(ALL_STATES - {State.RETIRED}),),
-    effect=lambda record, p: Change(_next(record, p.now, retained_reason=p.reason)),
-    already=lambda record, p: Acknowledged(record) if record.retained_reason == p.reason else None,
+    effect=_retain,
 )
 
 
@@ -958,6 +984,13 @@ def _ordered(states: frozenset[State]) -> list[State]:
 
 
 def _next(record: SlotRecord, now: int, **changes: object) -> SlotRecord:
-    """The record after one write: `rev` grows by one, `updated_at` never goes back."""
-    updated = {"rev": record.rev + 1, "updated_at": max(now, record.updated_at), **changes}
+    """The record after one write: `rev` grows by one, `updated_at` never goes back, and a
+    retain's backoff ends unless this write is a retain."""
+    updated = {
+        "rev": record.rev + 1,
+        "updated_at": max(now, record.updated_at),
+        "next_look": None,
+        "retains": None,
+        **changes,
+    }
     return SlotRecord.model_validate({**record.model_dump(), **updated})

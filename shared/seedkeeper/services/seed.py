@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 
-from seedkeeper.adapters.r2 import R2, backup_key
+from seedkeeper.adapters.r2 import R2
 from seedkeeper.adapters.runtime import SlotRuntime
 from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import IdleSettings
@@ -95,7 +95,6 @@ class SeedService:
         r2: R2 | None,
         runtime: Callable[[], SlotRuntime],
         settings: SeedSettings,
-        presign_expiry: int,
         clock: Callable[[], int],
     ) -> None:
         self._lifecycle = lifecycle
@@ -103,7 +102,6 @@ class SeedService:
         self._r2 = r2
         self._runtime = runtime
         self._settings = settings
-        self._presign_expiry = presign_expiry
         self._clock = clock
 
     def seed(self, request: SeedRequest) -> SeedOutcome:
@@ -274,20 +272,21 @@ class SeedService:
 
     def _relaunch(self, request: SeedRequest, record: SlotRecord, op: OpRef) -> SeedOutcome:
         if record.checkpoint is not None and record.resuming:
-            # A resume's task died: its checkpoint, not the snapshot, is what is presigned.
+            # A resume's task died: it restores the checkpoint, so only while R2 holds it.
             gone = self._checkpoint_gone(record.checkpoint)
             return gone if gone is not None else self._launch(record, op)
         seed = request.seed
         if seed is not None and self._snapshots.read(seed.resource).archives_for(seed) is None:
-            # Rotated out since birth: nothing unrecorded is presigned. The record stays
-            # seeding with its launch unsettled, so the slot is retained.
+            # Rotated out since birth: no task is started for it (its start would be refused
+            # too). The record stays seeding with its launch unsettled: the slot is retained.
             return NotSeeded(reason="seed-missing")
         return self._launch(record, op)
 
     def _launch(self, record: SlotRecord, op: OpRef) -> SeedOutcome:
-        # A resume restores the slot's checkpoint instead of the snapshot.
-        resume = record.checkpoint if record.resuming else None
-        seed = record.seed if resume is None else None
+        """Start the attempt's task, then record it. The plan names the attempt and the
+        binding, never a URL: the task asks the checkpoint function for those when it
+        starts. So a relaunch of one attempt sends RunTask exactly what the first launch
+        sent, and its client token answers the same task."""
         plan = SlotPlan(
             slot=record.slot,
             attempt=record.attempt,
@@ -295,13 +294,6 @@ class SeedService:
             seed=record.seed,
             owner=record.owner,
             origin=record.origin,
-            checkout=self._presign(backup_key(seed.checkout_backup_id)) if seed else None,
-            deps=(
-                self._presign(backup_key(seed.deps_backup_id))
-                if seed and seed.deps_backup_id
-                else None
-            ),
-            resume=self._presign(resume.key) if resume else None,
             deps_path=self._settings.deps_path,
         )
         incarnation = self._runtime().launch(plan)
@@ -319,13 +311,6 @@ class SeedService:
                 break
             record = outcome.current.record  # the task settled or a poll touched: re-decide
         return outcome_of(record)
-
-    def _presign(self, key: str) -> SecretStr:
-        """Called only for objects a record names (checked by the birth's transaction, the
-        relaunch's read or the resume's HEAD); the task verifies each against its recorded
-        size and sha256."""
-        assert self._r2 is not None
-        return SecretStr(self._r2.presign_get(key, self._presign_expiry))
 
 
 def outcome_of(record: SlotRecord) -> Seeded | NotSeeded | Cold | Seeding:

@@ -2,16 +2,20 @@
 after its work is verified in R2 (DESIGN §10); records the loss of one whose task stopped
 first; retains everything else.
 
-It reads the sparse index's expired slots (`SweepIndex`), so its cost follows the expired
-slots, never the table, in bounded pages with a cursor kept in the table so a long backlog
-is resumed, not restarted. For each slot the decision is pure (`domain.sweep.decide`); the
-tasks a page's decisions wait on are asked in one batch (`SlotRuntime.statuses`).
+It reads the sparse index's due slots (`SweepIndex`: every shard of it), so its cost follows
+the slots that need a decision, never the table: a slot is due once its idle deadline has
+passed, and a retained one again only after a backoff (doubling with each retain in a row,
+capped; any other write to the record ends it). It reads in bounded pages, with a cursor
+kept in the table so a long backlog is resumed, not restarted. For each slot the decision
+is pure (`domain.sweep.decide`); the tasks a page's decisions wait on are asked in one
+batch (`SlotRuntime.statuses`).
 The only roads to a stop are the two fences (`unseeded`, or `checkpointed` with a counted
 checkpoint; still expired, nothing in flight, same `rev`), then the runtime's stop, then
 retirement or park. An idle seeded slot is only asked to checkpoint (one write). An idle
 seeded or checkpointing slot whose task stopped is recorded `lost` with the runtime's cause
 (one write). A touch in the same tick makes any of these writes fail. Every other slot is
-retained with its reason recorded once and counted in a metric. It also pays what the debt
+retained with its reason and its next look recorded, and counted in a metric (and in
+another once its idle deadline is long past). It also pays what the debt
 partition owes: the rotation ledgers' pending deletions and the checkpoints resumed slots
 superseded.
 """
@@ -24,12 +28,12 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from seedkeeper.adapters.r2 import R2
 from seedkeeper.adapters.runtime import SlotRuntime
-from seedkeeper.domain.checkpoints import RetentionSettings
+from seedkeeper.domain.checkpoints import RetentionSettings, failing_for
 from seedkeeper.domain.opwindow import OpKind
 from seedkeeper.domain.record import (
     Classified,
@@ -51,6 +55,7 @@ from seedkeeper.domain.sweep import (
     decide,
 )
 from seedkeeper.domain.transitions import (
+    CHECKPOINT_FAILED_REASON,
     FENCE,
     FENCE_PARK,
     LOSE,
@@ -59,6 +64,7 @@ from seedkeeper.domain.transitions import (
     REQUEST_CHECKPOINT,
     RETIRE,
     At,
+    Backoff,
     Parked,
     Retained,
     Stopped,
@@ -67,7 +73,7 @@ from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.observability import METRICS_NAMESPACE, logger
 from seedkeeper.services.rotation import Snapshots
 from seedkeeper.store.lifecycle import Lifecycle, Written
-from seedkeeper.store.sweep_index import OwedCheckpoint, SweepIndex
+from seedkeeper.store.sweep_index import START, OwedCheckpoint, Position, SweepIndex
 
 
 class SweepSettings(BaseSettings):
@@ -76,16 +82,43 @@ class SweepSettings(BaseSettings):
     page_size: Annotated[int, Field(ge=1, le=1000)] = 100
     max_items: Annotated[int, Field(ge=1, le=100_000)] = 1000  # per invocation
     tombstone: Annotated[int, Field(ge=3600)] = 7 * 86_400  # how long a retired record stays
+    # A retained slot's next look: after one sweep period (the template's default rate),
+    # doubling with each retain in a row, at most an hour.
+    retain_backoff: Annotated[int, Field(ge=60, le=86_400)] = Backoff.first
+    retain_backoff_most: Annotated[int, Field(ge=60, le=86_400)] = Backoff.most
+
+    @model_validator(mode="after")
+    def _backoff_grows(self) -> SweepSettings:
+        if self.retain_backoff_most < self.retain_backoff:
+            raise ValueError("retain_backoff_most is below retain_backoff")
+        return self
+
+    @property
+    def backoff(self) -> Backoff:
+        return Backoff(self.retain_backoff, self.retain_backoff_most)
+
+
+# Retained this long after its idle deadline, a slot is counted in `SlotsRetainedLong`.
+RETAINED_ALERT_AFTER = 3600
+
+
+class RetainedAlertSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SEEDKEEPER_", extra="ignore", frozen=True)
+
+    retained_alert_after: Annotated[int, Field(ge=60)] = RETAINED_ALERT_AFTER
 
 
 @dataclass
 class Report:
-    read: int = 0  # index entries read (plus the cursor item)
+    read: int = 0  # index entries read (plus the progress item)
+    queries: int = 0  # of the index (at least one per shard on a full pass)
     stopped: list[str] = field(default_factory=list)
     checkpoints_requested: list[str] = field(default_factory=list)
     parked: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     retained: Counter[str] = field(default_factory=Counter)
+    # Retained although idle for longer than the alert threshold, by reason.
+    retained_long: Counter[str] = field(default_factory=Counter)
     left: Counter[str] = field(default_factory=Counter)
     resumed_from_cursor: bool = False
     finished: bool = False
@@ -94,11 +127,13 @@ class Report:
     def summary(self) -> dict[str, Any]:
         return {
             "read": self.read,
+            "queries": self.queries,
             "stopped": self.stopped,
             "checkpoints_requested": self.checkpoints_requested,
             "parked": self.parked,
             "lost": self.lost,
             "retained": dict(self.retained),
+            "retained_long": dict(self.retained_long),
             "left": dict(self.left),
             "finished": self.finished,
             "debts_paid": self.debts_paid,
@@ -117,6 +152,7 @@ class Sweeper:
         settings: SweepSettings,
         retention: RetentionSettings,
         clock: Callable[[], int],
+        retained_alert_after: int = RETAINED_ALERT_AFTER,
     ) -> None:
         self._index = index
         self._lifecycle = lifecycle
@@ -126,25 +162,26 @@ class Sweeper:
         self._settings = settings
         self._retention = retention.park_retention  # a lost record's, as a parked one's
         self._clock = clock
+        self._retained_alert_after = retained_alert_after
 
     def sweep(self) -> Report:
         report = Report()
         now = self._clock()
-        cursor = self._index.cursor()
-        report.read += 1  # the cursor item
-        report.resumed_from_cursor = cursor is not None
+        progress = self._index.progress()
+        report.read += 1  # the progress item
+        report.resumed_from_cursor = progress.resume is not None
         limit = min(self._settings.page_size, self._settings.max_items)
-        while report.read < self._settings.max_items:
-            page = self._index.expired(now, start=cursor, limit=limit)
+        position: Position | None = progress.resume or START
+        while position is not None and report.read < self._settings.max_items:
+            page = self._index.due(now, start=position, shards=progress.shards, limit=limit)
             report.read += len(page.slots)
+            report.queries += page.queries
             states = self._task_states(page.slots, now)
             for classified in page.slots:
                 self._one(classified, now, states, report)
-            cursor = page.cursor
-            if cursor is None:
-                report.finished = True
-                break
-        self._index.keep_cursor(cursor)
+            position = page.next
+        report.finished = position is None
+        self._index.keep_progress(progress.shards, position)
         report.debts_paid = self._pay_debts(now)
         self._emit(report)
         return report
@@ -159,17 +196,19 @@ class Sweeper:
             report.left[disposition.reason] += 1
             return
         if isinstance(disposition, Retain):
-            report.retained[disposition.reason] += 1
-            if disposition.record is not None:
-                retained = Retained(disposition.reason, now=now)
-                self._lifecycle.write(NOTE_RETAINED, disposition.record, retained)
+            self._retain(disposition, now, report)
             return
         if isinstance(disposition, RequestCheckpoint):
-            asked = self._lifecycle.write(REQUEST_CHECKPOINT, disposition.record, At(now))
+            record = disposition.record
+            asked = self._lifecycle.write(REQUEST_CHECKPOINT, record, At(now))
             if isinstance(asked, Written):
-                report.checkpoints_requested.append(disposition.record.slot)
+                report.checkpoints_requested.append(record.slot)
             else:
                 report.retained["touched"] += 1
+            # Asked again after failures: its work has stayed unparked all that while.
+            failures = record.checkpoint_failures or 0
+            if failing_for(failures) >= self._retained_alert_after:
+                report.retained_long[CHECKPOINT_FAILED_REASON] += 1
             return
         if isinstance(disposition, Lose):
             self._lose(disposition, report)
@@ -189,6 +228,18 @@ class Sweeper:
             report.parked.append(slot)
         else:
             report.stopped.append(slot)
+
+    def _retain(self, retain: Retain, now: int, report: Report) -> None:
+        """Counted, and on a record this code may write, its reason and its next look
+        written (a failed write means someone else wrote: it is due again at once)."""
+        report.retained[retain.reason] += 1
+        record = retain.record
+        if record is None:
+            return
+        if now - record.idle_deadline > self._retained_alert_after:
+            report.retained_long[retain.reason] += 1
+        retained = Retained(retain.reason, now=now, backoff=self._settings.backoff)
+        self._lifecycle.write(NOTE_RETAINED, record, retained)
 
     def _close(self, record: SlotRecord, park: bool, now: int) -> SlotRecord | None:
         """Stop the fenced slot's task, then retire it, or park it when its checkpoint
@@ -277,14 +328,15 @@ class Sweeper:
 
     @staticmethod
     def _emit(report: Report) -> None:
-        for reason, count in report.retained.items():
-            with single_metric(
-                name="SlotsRetained",
-                unit=MetricUnit.Count,
-                value=count,
-                namespace=METRICS_NAMESPACE,
-            ) as metric:
-                metric.add_dimension(name="reason", value=reason)
+        for name, by_reason in (
+            ("SlotsRetained", report.retained),
+            ("SlotsRetainedLong", report.retained_long),
+        ):
+            for reason, count in by_reason.items():
+                with single_metric(
+                    name=name, unit=MetricUnit.Count, value=count, namespace=METRICS_NAMESPACE
+                ) as metric:
+                    metric.add_dimension(name="reason", value=reason)
         for name, slots in (
             ("SlotsStopped", report.stopped),
             ("CheckpointsRequested", report.checkpoints_requested),

@@ -12,6 +12,11 @@ from boto3.dynamodb.conditions import ConditionBase, ConditionExpressionBuilder
 DEBT_PARTITION = "debt"
 
 
+def owed_since(since: int) -> dict[str, object]:
+    """A ledger entry's index attributes: the debt partition, sorted by when it was owed."""
+    return {"sweep": DEBT_PARTITION, "sweep_at": since}
+
+
 def transaction_condition(condition: ConditionBase) -> dict[str, Any]:
     """Transactions take each item's condition as its own expression: boto3 only builds
     them for single-item calls."""

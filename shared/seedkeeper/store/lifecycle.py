@@ -22,10 +22,11 @@ from botocore.exceptions import ClientError
 from seedkeeper.domain.models import Binding, OwnerClaim
 from seedkeeper.domain.opwindow import WINDOW_SIZE, Operation
 from seedkeeper.domain.record import (
+    LIVE_PREFIX,
     LIVE_STATES,
     SCHEMA,
     SUCCEEDED_STATES,
-    SWEEP_PARTITION,
+    SWEEP_SHARDS,
     Classified,
     FailureReason,
     SlotRecord,
@@ -34,6 +35,7 @@ from seedkeeper.domain.record import (
     classify,
     encode,
     slot_key,
+    sweep_shard,
 )
 from seedkeeper.domain.refused import Refused
 from seedkeeper.domain.transitions import (
@@ -53,7 +55,7 @@ from seedkeeper.domain.transitions import (
     stored,
 )
 from seedkeeper.errors import translate_client_error
-from seedkeeper.store.items import DEBT_PARTITION, transaction_condition
+from seedkeeper.store.items import owed_since, transaction_condition
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -90,8 +92,9 @@ Outcome = Written | Conflict | Acknowledged | Refused
 
 
 class Lifecycle:
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: Table, *, shards: int = SWEEP_SHARDS) -> None:
         self._table = table
+        self._shards = shards  # how many shards of the sweep's index a live record spreads over
 
     def read(self, slot: str, *, consistent: bool = True) -> Classified:
         """The record as it is now. Strongly consistent unless told: reads that decide must
@@ -118,7 +121,7 @@ class Lifecycle:
         first_writer = Attr("PK").not_exists()  # a slot is born once
         put = {
             "TableName": self._table.name,
-            "Item": encode(change.record),
+            "Item": encode(change.record, shards=self._shards),
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             **transaction_condition(first_writer),
         }
@@ -160,13 +163,16 @@ class Lifecycle:
         - An unknown member inside `result`, `checkpoint` or the claim, for the same reason
           as an unknown attribute.
 
-        In each case the touch changes only `idle_deadline`, `updated_at` and `rev`: a later
-        deadline only retains the slot longer (the sweep never stops a record it cannot
-        read as supported), and no reader decides anything on `updated_at` or on the `rev`
-        of a record it cannot decode. A record malformed only in `idle_deadline` or
-        `updated_at` being a fraction becomes readable: those are the two values the touch
-        owns. The identity (owner, seed, origin) and the state are pinned exactly, so a
-        touch never writes another caller's record, malformed or not.
+        In each case the touch changes only `idle_deadline`, `updated_at`, `rev` and the
+        index keys (the slot's shard under the current count, `sweep_at` back to the new
+        deadline, a retain's backoff cleared: the owner is back, so the sweep looks when
+        the slot next idles): a later deadline only retains the slot longer (the sweep never
+        stops a record it cannot read as supported), and no reader decides anything on
+        `updated_at`, on the index keys or on the `rev` of a record it cannot decode. A
+        record malformed only in a value the touch owns (`idle_deadline` or `updated_at` a
+        fraction, `sweep_at` or the shard not as derived) becomes readable. The identity
+        (owner, seed, origin) and the state are pinned exactly, so a touch never writes
+        another caller's record, malformed or not.
         """
         condition = _checks(TOUCH, poll) & _touchable(seeded=poll.binding.seed is not None)
         return self._touch(slot, condition, now=poll.now, idle_deadline=poll.idle_deadline)
@@ -191,13 +197,25 @@ class Lifecycle:
         try:
             response = self._table.update_item(
                 Key=slot_key(slot),
-                UpdateExpression="SET #deadline = :deadline, #updated = :now ADD #rev :one",
+                UpdateExpression=(
+                    "SET #deadline = :deadline, #sweep_at = :deadline, #sweep = :shard,"
+                    " #updated = :now REMOVE #next_look, #retains ADD #rev :one"
+                ),
                 ExpressionAttributeNames={
                     "#deadline": "idle_deadline",
+                    "#sweep_at": "sweep_at",
+                    "#sweep": "sweep",
                     "#updated": "updated_at",
+                    "#next_look": "next_look",
+                    "#retains": "retains",
                     "#rev": "rev",
                 },
-                ExpressionAttributeValues={":deadline": idle_deadline, ":now": now, ":one": 1},
+                ExpressionAttributeValues={
+                    ":deadline": idle_deadline,
+                    ":shard": sweep_shard(slot, self._shards),
+                    ":now": now,
+                    ":one": 1,
+                },
                 ConditionExpression=condition,
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
@@ -219,7 +237,7 @@ class Lifecycle:
         condition = unchanged_since_read & _checks(transition, params)
         if decision.owes:
             return self._write_owing(record, decision, condition)
-        expression, names, values = _update_expression(encode(record), encode(decision.record))
+        expression, names, values = self._update(record, decision.record)
         try:
             self._table.update_item(
                 Key=slot_key(record.slot),
@@ -233,13 +251,19 @@ class Lifecycle:
             return self._conflict(record.slot, error)
         return Written(decision.record, decision.entry)
 
+    def _update(
+        self, before: SlotRecord, after: SlotRecord
+    ) -> tuple[str, dict[str, str], dict[str, Any]]:
+        shards = self._shards
+        return _update_expression(encode(before, shards=shards), encode(after, shards=shards))
+
     def _write_owing(
         self, record: SlotRecord, decision: Change, condition: ConditionBase
     ) -> Written | Conflict:
         """The record's update and a ledger debt for each object it owes, in one
         transaction: an object stops being named only where its deletion is owed."""
         slot = record.slot
-        expression, names, values = _update_expression(encode(record), encode(decision.record))
+        expression, names, values = self._update(record, decision.record)
         built = transaction_condition(condition)
         update = {
             "TableName": self._table.name,
@@ -259,8 +283,7 @@ class Lifecycle:
                         **debt_key(slot, key),
                         "schema": SCHEMA,
                         "key": key,
-                        "sweep": DEBT_PARTITION,
-                        "idle_deadline": now,
+                        **owed_since(now),
                     },
                     # Owed once: a new debt, or this very one again.
                     **transaction_condition(Attr("PK").not_exists() | Attr("key").eq(key)),
@@ -406,7 +429,8 @@ def _touchable(*, seeded: bool) -> ConditionBase:
         Attr("schema").eq(SCHEMA)  # never write a newer deployment's record
         & Attr("state").is_in([s.value for s in states])
         & verdict
-        & Attr("sweep").eq(SWEEP_PARTITION)  # every live record is on the sweep's index
+        & Attr("sweep").begins_with(LIVE_PREFIX)  # on the sweep's index, on any shard
+        & _number("sweep_at", 0)
         & _absent("expires_at")  # only a retired record expires
         & _number("rev", 1)
         & _number("attempt", 1)
@@ -421,6 +445,10 @@ def _touchable(*, seeded: bool) -> ConditionBase:
         )
         & _optional("incarnation", _text("incarnation", 1, _MAX_INCARNATION))
         & _optional("retained_reason", _text("retained_reason", 1, 64))
+        & (  # a retain's backoff: both facts or neither
+            (_absent("next_look") & _absent("retains"))
+            | (_number("next_look", 0) & _number("retains", 1, 1000))
+        )
         & _optional("frozen_at", _number("frozen_at", 0))
         & _optional("checkpoint_failures", _number("checkpoint_failures", 1, 1000))
         & _optional("checkpoint", _checkpoint())

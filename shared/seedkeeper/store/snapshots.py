@@ -27,7 +27,7 @@ from seedkeeper.domain.snapshots import (
     Teardown,
 )
 from seedkeeper.errors import MalformedRecord, translate_client_error
-from seedkeeper.store.items import DEBT_PARTITION, transaction_condition
+from seedkeeper.store.items import owed_since, transaction_condition
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -40,7 +40,7 @@ DEPS_PREFIX = "DEPS#"
 GARBAGE_PREFIX = "GARBAGE#"
 OWNS_PREFIX = "OWNS#"
 # The ownership claim: keyed by the id alone, so one condition decides it across resources.
-# It carries no `sweep`/`idle_deadline`: it stays out of the sparse index.
+# It carries no `sweep`/`sweep_at`: it stays out of the sparse index.
 BACKUP_PREFIX = "BACKUP#"
 OWNER_SK = "OWNER"
 # Index attributes of the current item: what a seed may name (see `_seedable`).
@@ -237,7 +237,7 @@ def _put(
 def _owe(pk: str, debt: PendingDeletion) -> dict[str, Any]:
     sk = GARBAGE_PREFIX + debt.backup_id
     first = Attr("SK").not_exists()
-    return _put(pk, sk, debt, first, sweep=DEBT_PARTITION, idle_deadline=debt.since)
+    return _put(pk, sk, debt, first, **owed_since(debt.since))
 
 
 def _claim(resource: str, backup_id: str) -> dict[str, Any]:
@@ -260,7 +260,10 @@ def _check(pk: str, sk: str, condition: ConditionBase) -> dict[str, Any]:
 
 
 # Keys and index attributes, not facts of the record.
-_KEYS = frozenset({"PK", "SK", "schema", "sweep", "idle_deadline", SEEDABLE, SEEDABLE_DEPS})
+# `idle_deadline`: the index key of ledger entries written before `sweep_at` was.
+_KEYS = frozenset(
+    {"PK", "SK", "schema", "sweep", "sweep_at", "idle_deadline", SEEDABLE, SEEDABLE_DEPS}
+)
 
 
 def _resident(resource: str, items: list[dict[str, Any]]) -> Resident:

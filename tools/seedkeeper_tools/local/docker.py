@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,9 @@ _PREFIX = "docker:"
 _LIVE = {"created", "running", "restarting", "paused", "removing"}
 _ENDED = {"exited", "dead"}
 _INSPECT_BATCH = 100  # containers a `docker inspect`
+# Containers a `docker stop`: it stops at most 50 at a time (the CLI's parallelOperation),
+# and the 51st would wait for one of those to end before its SIGTERM.
+_STOP_BATCH = 50
 _CLI_TIMEOUT = 60.0  # a daemon that answers nothing for this long is unavailable
 
 
@@ -147,16 +151,14 @@ class DockerRuntime:
         name = self._container(incarnation)
         if name is None:
             return
-        result = _docker(
-            ["docker", "stop", "--time", str(self._stop_timeout), name],
-            timeout=self._stop_timeout + _CLI_TIMEOUT,
-        )
+        result = self._stop_containers([name])
         if result.returncode != 0 and "No such container" not in result.stderr:
             raise RuntimeUnavailable(f"docker stop: {_last_line(result.stderr)}")
 
     def stop_all(self) -> None:
-        """Stops every container this stack started, together, then removes them (their
-        workspaces go with them, as a stopped task's ephemeral storage does)."""
+        """Stops every container this stack started, together (one stop timeout for all,
+        however many), then removes them (their workspaces go with them, as a stopped
+        task's ephemeral storage does)."""
         listed = _docker(
             [
                 "docker",
@@ -170,12 +172,21 @@ class DockerRuntime:
         containers = listed.stdout.split()
         if not containers:
             return
-        _docker(
+        batches = [
+            containers[start : start + _STOP_BATCH]
+            for start in range(0, len(containers), _STOP_BATCH)
+        ]
+        with ThreadPoolExecutor(len(batches)) as pool:
+            list(pool.map(self._stop_containers, batches))
+        _docker(["docker", "rm", "--force", *containers])
+        logger.info("slot containers stopped and removed", count=len(containers))
+
+    def _stop_containers(self, containers: list[str]) -> subprocess.CompletedProcess[str]:
+        """`docker stop`: SIGTERM to each, SIGKILL after the task definition's stop timeout."""
+        return _docker(
             ["docker", "stop", "--time", str(self._stop_timeout), *containers],
             timeout=self._stop_timeout + _CLI_TIMEOUT,
         )
-        _docker(["docker", "rm", "--force", *containers])
-        logger.info("slot containers stopped and removed", count=len(containers))
 
     def _name(self, plan: SlotPlan) -> str:
         return f"seedkeeper-{self._stack}-{started_by(plan.slot)}-{plan.attempt}"

@@ -49,6 +49,7 @@ ROUTES = (
     ("/slot-evidence", "slot_evidence"),
     ("/snapshots", "rotation"),
     ("/checkpoints", "checkpoint"),
+    ("/tasks", "checkpoint"),
     ("/healthz", "seed"),
 )
 # The functions only the slot task role may invoke, and it no other.

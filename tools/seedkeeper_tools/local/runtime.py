@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,12 +78,24 @@ TASK_NICENESS = 19
 # A stop sends SIGTERM, then SIGKILL to what is left after the grace period; this long after
 # that, a process that survived SIGKILL is given up on.
 KILL_WAIT = 5.0
+# A stack's exit gives its tasks this long: its store, in memory, goes with it, so nothing a
+# stopping task would write there is kept.
+EXIT_GRACE = 2.0
+# Stopped tasks' workspaces removed side by side: removing a tree mostly waits on the disk
+# (20 checkouts of 5,000 files: 42 s one after another, 6 s eight at a time).
+CLEARED_AT_ONCE = 8
 
 
 @dataclass(frozen=True)
 class _Process:
     pid: int
     started: str  # the process's start time in clock ticks: tells a reused pid apart
+
+
+# The reaper of each task this process started, until it has cleared its task: a stop waits
+# for it, so that the exit is kept and the workspace gone when the stop returns (a stack
+# that exits right after its stop would leave them half written, half removed).
+_reapers: dict[_Process, threading.Thread] = {}
 
 
 class LocalRuntime:
@@ -166,12 +179,14 @@ class LocalRuntime:
         with contextlib.suppress(ProcessLookupError):  # it may have ended already
             os.setpriority(os.PRIO_PROCESS, process.pid, TASK_NICENESS)
         started = _Process(pid=process.pid, started=_start_time(process.pid))  # before the reap
-        threading.Thread(
+        reaper = threading.Thread(
             target=self._reap,
             args=(process, started, plan.slot, plan.attempt),
             name=f"reap-{incarnation}",
             daemon=True,
-        ).start()
+        )
+        _reapers[started] = reaper
+        reaper.start()
         return started
 
     def _reap(
@@ -188,6 +203,7 @@ class LocalRuntime:
         except OSError as error:  # a status then says only that the process is gone
             logger.warning("a task's exit is not kept", record=str(exit_record), error=str(error))
         self._clear(slot, attempt, task)
+        _reapers.pop(task, None)  # done: a stop has nothing to wait for
 
     def _clear(self, slot: str, attempt: int, task: _Process) -> None:
         """A stopped task's processes and workspace end with it, as a Fargate task's
@@ -307,11 +323,13 @@ class LocalRuntime:
         attempts = [
             (record.parent.name, record.stem.removeprefix("attempt-")) for record in records
         ]
-        self.stop_tasks([f"local:{slot}:{attempt}" for slot, attempt in attempts], grace=2.0)
+        incarnations = [f"local:{slot}:{attempt}" for slot, attempt in attempts]
+        self.stop_tasks(incarnations, grace=EXIT_GRACE)
 
     def stop_tasks(self, incarnations: Iterable[str], grace: float) -> None:
         """`stop` for many tasks at once: each is signalled in turn, then all are waited for
-        together, so stopping a hundred takes about as long as stopping one."""
+        together and cleared together, so stopping a hundred takes about as long as stopping
+        one."""
         launched = {
             incarnation: process
             for incarnation in incarnations
@@ -323,9 +341,18 @@ class LocalRuntime:
             given = {uid for uid in map(self.slot_uid, slots) if uid is not None}
             for uid in given & _real_uids():  # one look at /proc, not one for each slot
                 end_user_processes(uid)  # a container's end would end them all
-        for incarnation, process in launched.items():
-            _, slot, attempt = incarnation.split(":")
-            self._clear(slot, int(attempt), process)
+        with ThreadPoolExecutor(CLEARED_AT_ONCE) as pool:
+            list(pool.map(self._clear_stopped, launched, launched.values()))
+
+    def _clear_stopped(self, incarnation: str, task: _Process) -> None:
+        """A stopped task's exit kept and its workspace gone: by its reaper, waited for, when
+        this process started it; else here. One still running (it survived SIGKILL) is left
+        as `_clear` leaves it."""
+        reaper = _reapers.get(task)
+        if reaper is not None and not _is_running(task):
+            reaper.join()
+        _, slot, attempt = incarnation.split(":")
+        self._clear(slot, int(attempt), task)
 
     def _record(self, incarnation: str) -> Path:
         _, slot, attempt = incarnation.split(":")

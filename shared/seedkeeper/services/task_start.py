@@ -1,0 +1,137 @@
+"""`POST /tasks/start` on the checkpoint function, the slot task's own function: a task, once
+started, names its slot, attempt, operation and its own incarnation, and is answered the
+presigned GETs it restores from. URLs never travel in RunTask's overrides, where
+DescribeTasks readers and CloudTrail would see live bearer URLs.
+
+The first task to start for an attempt is that attempt's incarnation: recorded here when the
+seed function has not recorded one yet (RECORD_INCARNATION, conditional on the attempt).
+So a second task of one attempt (a RunTask client token that aged out, a relaunch racing
+its first launch) is refused, restores nothing and exits. Anything that is not this
+attempt's task hears one refusal, `no-match`, and learns nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+from pydantic import Field
+
+from seedkeeper.adapters.r2 import R2, backup_key
+from seedkeeper.domain import transitions
+from seedkeeper.domain.models import Incarnation, Model, SlotId
+from seedkeeper.domain.opwindow import OpKind
+from seedkeeper.domain.outcomes import RestoreGrant
+from seedkeeper.domain.record import SlotRecord, State, Supported
+from seedkeeper.domain.refused import Refused
+from seedkeeper.domain.transitions import Acknowledged
+from seedkeeper.observability import logger
+from seedkeeper.store.lifecycle import Lifecycle, Written
+from seedkeeper.store.snapshots import SnapshotStore
+
+# What `/tasks/start` refuses with besides the request's own refusals.
+REFUSALS = ("no-match", "seed-missing", "r2-unconfigured")
+
+
+class StartedOp(Model):
+    """The plan's operation by its ordinal and generation: the attempt's restore, or a cold
+    slot's launch (which of the two the record says)."""
+
+    ordinal: Annotated[int, Field(ge=1)]
+    generation: Annotated[int, Field(ge=1)]
+
+
+class TaskStart(Model):
+    slot: SlotId
+    attempt: Annotated[int, Field(ge=1)]
+    incarnation: Incarnation
+    op: StartedOp
+
+
+def not_this_attempt(record: SlotRecord, call: TaskStart) -> Refused | None:
+    """None when `call` is the live attempt's task: the record is seeding (or a cold slot
+    launching) in this attempt, `op` is that attempt's restore still open (or its launch),
+    and the record names no incarnation or this one."""
+    entry = record.window.entry(call.op.ordinal)
+    expected = OpKind.LAUNCH if record.state is State.UNSEEDED else OpKind.RESTORE
+    live = (
+        record.state in {State.SEEDING, State.UNSEEDED}
+        and record.attempt == call.attempt == call.op.generation
+        and entry is not None
+        and entry.generation == call.op.generation
+        and entry.kind is expected
+        and (expected is OpKind.LAUNCH or not entry.settled)
+        and record.incarnation in {None, call.incarnation}
+    )
+    return None if live else Refused("no-match")
+
+
+class TaskStarts:
+    def __init__(
+        self,
+        *,
+        lifecycle: Lifecycle,
+        snapshots: SnapshotStore,
+        r2: R2 | None,
+        presign_expiry: int,
+        clock: Callable[[], int],
+    ) -> None:
+        self._lifecycle = lifecycle
+        self._snapshots = snapshots
+        self._r2 = r2
+        self._presign_expiry = presign_expiry
+        self._clock = clock
+
+    def start(self, call: TaskStart) -> RestoreGrant | Refused:
+        classified = self._lifecycle.read(call.slot)
+        if not isinstance(classified, Supported):
+            return Refused("no-match")
+        record = classified.record
+        refused = not_this_attempt(record, call)
+        if refused is not None:
+            return refused
+        if record.incarnation is None:
+            entry = record.window.entry(call.op.ordinal)
+            assert entry is not None  # not_this_attempt found it
+            launched = transitions.Launched(
+                incarnation=call.incarnation, launch=entry.ref, now=self._clock()
+            )
+            outcome = self._lifecycle.apply(
+                call.slot, transitions.RECORD_INCARNATION, launched, as_read=record
+            )
+            if not isinstance(outcome, Written | Acknowledged):
+                return Refused("no-match")  # another task of the attempt came first, or it moved
+            record = outcome.record
+            refused = not_this_attempt(record, call)
+            if refused is not None:
+                return refused
+        return self._grant(record)
+
+    def _grant(self, record: SlotRecord) -> RestoreGrant | Refused:
+        """Presigned only for what the record names: its parked checkpoint on a resume (the
+        seed function HEADed it before launching), else the archives a recorded generation
+        names for its seed, read now (a rotation may have deleted them since)."""
+        seed = record.seed
+        if seed is None:
+            return RestoreGrant(expires_in=self._presign_expiry)  # a cold slot restores nothing
+        if self._r2 is None:
+            return Refused("r2-unconfigured")
+        if record.resuming:
+            assert record.checkpoint is not None
+            return RestoreGrant(
+                resume=self._presign(record.checkpoint.key), expires_in=self._presign_expiry
+            )
+        archives = self._snapshots.read(seed.resource).archives_for(seed)
+        if archives is None:
+            logger.warning("task start: seed rotated out", slot=record.slot)
+            return Refused("seed-missing", "no recorded generation names the seed")
+        checkout, deps = archives
+        return RestoreGrant(
+            checkout=self._presign(backup_key(checkout.backup_id)),
+            deps=self._presign(backup_key(deps.backup_id)) if deps is not None else None,
+            expires_in=self._presign_expiry,
+        )
+
+    def _presign(self, key: str) -> str:
+        assert self._r2 is not None
+        return self._r2.presign_get(key, self._presign_expiry)
