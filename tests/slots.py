@@ -4,6 +4,7 @@ running the real slot task, moto standing in for DynamoDB and R2."""
 from __future__ import annotations
 
 import http.server
+import os
 import socket
 import struct
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import boto3
+import pytest
 
 from functions import event, invoke, load_function
 from seedkeeper.adapters.r2 import backup_key
@@ -238,3 +240,24 @@ def _to_midpoint(content_range: str | None) -> int:
     first, _, total = parsed
     assert total is not None, content_range
     return max(0, total // 2 - first)
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> Path:
+    """`docker` on PATH is `script` (Python), which notes each call in the file answered."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    docker = folder / "docker"
+    docker.write_text(script)
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_DOCKER_CALLS", str(tmp_path / "calls.jsonl"))
+    return tmp_path / "calls.jsonl"

@@ -25,6 +25,7 @@ from seedkeeper_task.sandbox import user_processes
 from seedkeeper_tools.local.gateway import LocalCredentials
 from seedkeeper_tools.local.runtime import EXIT_GRACE, KILL_WAIT, LocalRuntime
 from seedkeeper_tools.local.stack import LocalStack
+from slots import running
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="a sandbox the stop must end runs as a slot user: root (CI)"
@@ -33,15 +34,6 @@ pytestmark = pytest.mark.skipif(
 SLOTS = 20
 DEAF_SANDBOX = ["sh", "-c", "trap '' TERM; exec sleep 600"]  # sleep inherits the ignore
 LOADED_MACHINE = 8.0
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def in_group(group: int) -> list[int]:

@@ -174,7 +174,7 @@ def test_the_store_deletes_records_whose_ttl_has_passed(table: Table) -> None:
 def test_a_cancelled_transaction_leaves_every_item_as_it_was(table: Table) -> None:
     # Given items a transaction will update, delete and leave alone, one in the index
     table.put_item(Item={"PK": "updated", "SK": "S", "v": 1})
-    table.put_item(Item={"PK": "deleted", "SK": "S", "v": 1, "sweep": "x", "idle_deadline": 5})
+    table.put_item(Item={"PK": "deleted", "SK": "S", "v": 1, "sweep": "x", "sweep_at": 5})
     table.put_item(Item={"PK": "untouched", "SK": "S", "v": 1})
     before = sorted(table.scan(ConsistentRead=True)["Items"], key=lambda item: str(item["PK"]))
 

@@ -21,6 +21,7 @@ from seedkeeper.domain.opwindow import Actor, OpRef
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.runtime import TaskState, TaskStatus
 from seedkeeper_tools.local.runtime import KILL_WAIT, LocalRuntime
+from slots import running
 
 # A task that says it is ready, then ignores SIGTERM: each takes its whole grace to stop.
 DEAF = """
@@ -73,15 +74,6 @@ def wait_for_all(paths: list[Path], seconds: float = 60.0) -> None:
     while not all(path.exists() for path in paths):
         assert time.monotonic() < deadline, "the tasks never started"
         time.sleep(0.05)
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def pids(data: Path, slots: list[str]) -> list[int]:

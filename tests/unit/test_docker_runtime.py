@@ -17,6 +17,7 @@ from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
 from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper_tools.local.docker import DockerRuntime
+from slots import fake_docker
 
 # Records its argv and environment, then answers as `docker run --detach` does, or fails
 # with Docker's message when FAKE_DOCKER_ANSWER says so. `inspect --type container`
@@ -45,14 +46,7 @@ print("0123456789ab")
 
 @pytest.fixture
 def calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "bin"
-    folder.mkdir()
-    docker = folder / "docker"
-    docker.write_text(FAKE_DOCKER)
-    docker.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_DOCKER_CALLS", str(tmp_path / "calls.jsonl"))
-    return tmp_path / "calls.jsonl"
+    return fake_docker(tmp_path, monkeypatch, FAKE_DOCKER)
 
 
 def recorded(calls: Path) -> list[dict[str, object]]:

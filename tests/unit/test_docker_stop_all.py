@@ -6,12 +6,12 @@ only once one of the first 50 had stopped, a whole stop timeout later.)"""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from seedkeeper_tools.local.docker import DockerRuntime
+from slots import fake_docker
 
 CONTAINERS = 120
 # `ps` lists FAKE_DOCKER_COUNT containers. `stop` stops them as the CLI does, at most 50 at a
@@ -39,15 +39,8 @@ else:
 
 @pytest.fixture
 def calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "bin"
-    folder.mkdir()
-    docker = folder / "docker"
-    docker.write_text(FAKE_DOCKER)
-    docker.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_DOCKER_CALLS", str(tmp_path / "calls.jsonl"))
     monkeypatch.setenv("FAKE_DOCKER_COUNT", str(CONTAINERS))
-    return tmp_path / "calls.jsonl"
+    return fake_docker(tmp_path, monkeypatch, FAKE_DOCKER)
 
 
 def test_a_stacks_containers_are_all_asked_to_stop_before_any_stop_is_done(
