@@ -613,8 +613,10 @@ def _branch(head: str) -> str | None:
 def task_store() -> tuple[Lifecycle, SnapshotStore]:
     """The slot task's view of the table, with a stopping task's patience (its budget in
     seedkeeper.adapters.aws fits a settle into the task's StopTimeout)."""
-    table = StoreSettings().table_resource(budget=aws.SLOT_TASK_DYNAMODB)
-    return Lifecycle(table), SnapshotStore(table)
+    store = StoreSettings()
+    table = store.table_resource(budget=aws.SLOT_TASK_DYNAMODB)
+    # Its writes put the record on its shard as the functions' do: never on one no sweep reads.
+    return Lifecycle(table, shards=store.sweep_shards), SnapshotStore(table)
 
 
 def main() -> int:

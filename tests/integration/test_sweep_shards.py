@@ -17,11 +17,20 @@ from builders import EXPIRED, IDLE, NOW, stored_in, success, written
 from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.models import Binding
-from seedkeeper.domain.record import SlotRecord, State, Supported, slot_key, sweep_shard
+from seedkeeper.domain.record import (
+    SWEEP_SHARDS,
+    SlotRecord,
+    State,
+    Supported,
+    slot_key,
+    sweep_shard,
+)
 from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState
 from seedkeeper.services.sweep import Report, Sweeper, SweepSettings
-from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper.store.sweep_index import PROGRESS_KEY, START, Position, Progress, SweepIndex
+from seedkeeper_task.supervisor import task_store
+from slots import Slots
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -261,3 +270,29 @@ def test_slots_retained_long_after_their_idle_deadline_are_counted_by_reason(
     ]
     long = [m for m in emitted if "SlotsRetainedLong" in m]
     assert [(m["reason"], m["SlotsRetainedLong"][0]) for m in long] == [("task-unknown", 1)]
+
+
+def test_every_writer_puts_a_record_on_its_shard_under_the_configured_count(
+    slots: Slots, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer with an idea of the count of its own (the slot task's default, say) would
+    put a slot on a shard a sweep configured with fewer never queries: each reads it."""
+    monkeypatch.setenv("SEEDKEEPER_SWEEP_SHARDS", "3")
+    slot = "slot-7"
+    assert sweep_shard(slot, 3) != sweep_shard(slot, SWEEP_SHARDS)  # the test can tell
+    stack = slots.stack
+    assert slots.seed(slots.body(None, slot=slot))[0] == 200
+    assert stack.wire_item(slot)["sweep"] == {"S": sweep_shard(slot, 3)}
+    stack.store.table_resource().update_item(  # as if written under another count
+        Key=slot_key(slot),
+        UpdateExpression="SET sweep = :other",
+        ExpressionAttributeValues={":other": sweep_shard(slot, SWEEP_SHARDS)},
+    )
+
+    lifecycle, _ = task_store()
+    poll = transitions.Poll(
+        Binding(owner=None, seed=None, origin=None), now=NOW, idle_deadline=NOW + IDLE
+    )
+    assert isinstance(lifecycle.touch(slot, poll), Written)
+
+    assert stack.wire_item(slot)["sweep"] == {"S": sweep_shard(slot, 3)}
