@@ -43,6 +43,7 @@ EXECUTOR_ROUTES = [
     ("GET", "/healthz"),
 ]
 TASK_ROUTES = [
+    ("POST", "/tasks/start"),
     ("POST", "/checkpoints/upload"),
     ("POST", "/checkpoints/record"),
     ("POST", "/checkpoints/failed"),
@@ -151,6 +152,7 @@ def test_a_path_no_function_serves_is_found_missing_only_by_the_executor(
     assert send(gateway, "GET", "/nowhere", TASK)[0] == 403
     # A prefix of a route is not the route.
     assert send(gateway, "POST", "/checkpointsx", TASK)[0] == 403
+    assert send(gateway, "POST", "/tasksx/start", TASK)[0] == 403
 
 
 def test_without_task_credentials_no_one_may_call_the_checkpoint_function(
