@@ -273,70 +273,6 @@ def r2_client(endpoint: str) -> S3Client:
 # -- a fresh filesystem per run -------------------------------------------------------------
 
 
-class Disks:
-    """A new journaled ext4 per run, on a loop-mounted sparse image (root only); otherwise
-    a plain folder on the work dir's own filesystem, and the report says so."""
-
-    def __init__(self) -> None:
-        self.mkfs = shutil.which("mkfs.ext4") or "/usr/sbin/mkfs.ext4"
-        self.loop = os.geteuid() == 0 and Path(self.mkfs).exists() and bool(shutil.which("mount"))
-
-    @property
-    def description(self) -> str:
-        if self.loop:
-            return "a fresh ext4 (journaled) per run, loop-mounted"
-        return "the work dir's filesystem (no loop mount without root): NOT fresh per run"
-
-    @contextlib.contextmanager
-    def fresh(self, folder: Path, capacity: int) -> Iterator[Path]:
-        mount = folder / "fs"
-        mount.mkdir()
-        if not self.loop:
-            yield mount
-            return
-        image = folder / "fs.img"
-        with image.open("wb") as sparse:
-            sparse.truncate(capacity)
-        # Inode tables and journal written now: no lazy init thread writing during a run.
-        _run([self.mkfs, "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", str(image)])
-        _run(["mount", "-o", "loop", str(image), str(mount)])
-        try:
-            yield mount
-        finally:
-            _unmount(mount)
-            image.unlink(missing_ok=True)
-
-
-def capacity(case: restore.Input) -> int:
-    """A run's filesystem: room for the tree, its .git, an archive or capture beside it
-    and ext4's overhead; the image is sparse, so the room costs nothing unused."""
-    return 3 * case.raw_bytes + 2 * case.size + case.entries * 8192 + 512 * 1024**2
-
-
-def _run(argv: Sequence[str]) -> None:
-    done = subprocess.run(argv, check=False, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise restore.BenchError(f"{argv[0]} exited {done.returncode}: {done.stderr[-500:]}")
-
-
-def _unmount(mount: Path) -> None:
-    """Unmount (the loop device detaches itself); lazily if something still holds it."""
-    done = subprocess.run(["umount", str(mount)], check=False, capture_output=True)
-    if done.returncode != 0:
-        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
-
-
-def _unmount_leftovers(runs: Path) -> None:
-    """A run killed outright leaves its filesystem mounted under `runs`: unmount it first,
-    so removing `runs` never descends into one still in use."""
-    with contextlib.suppress(OSError):
-        mounts = Path("/proc/mounts").read_text().splitlines()
-        for line in reversed(mounts):
-            point = line.split()[1].replace("\\040", " ")
-            if point.startswith(f"{runs}/"):
-                _unmount(Path(point))
-
-
 # -- one run of each ------------------------------------------------------------------------
 
 
@@ -365,7 +301,7 @@ class Bench:
     sink: Sink
     r2: R2
     client: S3Client
-    disks: Disks
+    disks: restore.Disks
     environment: dict[str, str]
     checkout_bytes: dict[str, int] = field(default_factory=dict)
     counter: Iterator[int] = field(default_factory=lambda: itertools.count(1))
@@ -378,8 +314,10 @@ class Bench:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         try:
-            with self.disks.fresh(folder, capacity(case)) as root:
-                _run(["unsquashfs", "-q", "-n", "-d", str(root / "checkout"), str(case.archive)])
+            with self.disks.fresh(folder, restore.capacity(case)) as root:
+                restore.run_checked(
+                    ["unsquashfs", "-q", "-n", "-d", str(root / "checkout"), str(case.archive)]
+                )
                 (root / "state").mkdir(mode=0o711)  # the supervisor's state folder
                 if case.label not in self.checkout_bytes:
                     self.checkout_bytes[case.label] = _tree_bytes(root / "checkout")
@@ -720,7 +658,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir: Path = options.workdir.resolve()
     (workdir / "tmp").mkdir(parents=True, exist_ok=True)
     runs = workdir / "checkpoint-runs"
-    _unmount_leftovers(runs)
+    restore.unmount_leftovers(runs)
     shutil.rmtree(runs, ignore_errors=True)
     for tool in ("git", "mksquashfs", "unsquashfs", "tar", "zstd", "curl", "bash"):
         if shutil.which(tool) is None:
@@ -730,7 +668,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sink: Sink = (
         NginxSink(workdir / "checkpoint-nginx") if options.server == "nginx" else MotoSink()
     )
-    disks = Disks()
+    disks = restore.Disks()
     try:
         inputs = [
             restore.build_input(size_for(megabytes), workdir, console)
@@ -754,7 +692,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         sink.stop()
-        _unmount_leftovers(runs)
+        restore.unmount_leftovers(runs)
         shutil.rmtree(runs, ignore_errors=True)
     report(console, results, bench, options.pairs, workdir)
     return 0  # a report, not a gate

@@ -144,7 +144,7 @@ class Bench:
 
     restore_bench: restore.Bench
     rate: str | None
-    disks: checkpoint.Disks
+    disks: restore.Disks
     runs: Path
     parkables: dict[str, Parkable]
     counter: Iterator[int]
@@ -160,7 +160,7 @@ class Bench:
         folder = self.runs / name
         folder.mkdir(parents=True)
         try:
-            with self.disks.fresh(folder, checkpoint.capacity(case)) as root:
+            with self.disks.fresh(folder, restore.capacity(case)) as root:
                 yield root, folder
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -420,7 +420,7 @@ class Result:
         }
 
 
-def report(console: Console, results: list[Result], disks: checkpoint.Disks, workdir: Path) -> None:
+def report(console: Console, results: list[Result], disks: restore.Disks, workdir: Path) -> None:
     spread = checkpoint.spread
     table = Table(
         title="Time to a usable slot: resume from its checkpoint and a fresh seed vs curl -o "
@@ -550,14 +550,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir: Path = options.workdir.resolve()
     (workdir / "tmp").mkdir(parents=True, exist_ok=True)
     runs, served = workdir / "resume-runs", workdir / "resume-served"
-    checkpoint._unmount_leftovers(runs)
+    restore.unmount_leftovers(runs)
     shutil.rmtree(runs, ignore_errors=True)  # a few logs and empty mount points
     shutil.rmtree(served, ignore_errors=True)  # links to the archives, the checkpoints
     for tool in ("git", "mksquashfs", "unsquashfs", "curl", "sha256sum", "mkfs.ext4"):
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
             console.print(f"[red]{tool} is not installed[/red]")
             return 1
-    disks = checkpoint.Disks()
+    disks = restore.Disks()
     if not disks.loop:
         # Trees deleted and made again on this machine's root filesystem would measure
         # its inode allocator, not the restore (LOCAL-AWS-NOTES).
@@ -573,7 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"[red]the benchmark could not measure:[/red] {broken}")
         return 1
     finally:
-        checkpoint._unmount_leftovers(runs)
+        restore.unmount_leftovers(runs)
         shutil.rmtree(runs, ignore_errors=True)
         shutil.rmtree(served, ignore_errors=True)
     report(console, results, disks, workdir)
@@ -587,7 +587,7 @@ def measure_all(
     *,
     rates: list[str | None],
     pairs: int,
-    disks: checkpoint.Disks,
+    disks: restore.Disks,
 ) -> list[Result]:
     runs, served = workdir / "resume-runs", workdir / "resume-served"
     served.mkdir(parents=True)
