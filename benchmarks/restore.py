@@ -15,7 +15,9 @@ loopback, so ranged GETs run at page-cache speed. Then, alternating within one r
   and as its whole process (interpreter start, imports and the start call included: each
   is part of what a task costs). Its sandbox command writes the task's peak RSS (VmHWM)
   and exits.
-- the baseline: `curl -o`, `unsquashfs -d`, `git checkout -B`, each a subprocess.
+- the baseline: `curl -o`, `sha256sum` (the task verifies what it downloads), `unsquashfs -d`
+  with the task's own flags (the same bounded caches) and `git checkout -B`, each a
+  subprocess.
 
 Both read the same archive through the same nginx from the same warm page cache, and each
 run writes into a fresh journaled ext4 of its own (a loop-mounted sparse image, made before
@@ -70,6 +72,7 @@ from seedkeeper.domain.snapshots import Archive, NewSnapshot
 from seedkeeper.services.rotation import Snapshots
 from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper.store.snapshots import SnapshotStore
+from seedkeeper_task.restore.extract import UNSQUASHFS_COMMAND
 from seedkeeper_task.supervisor import CHECKOUT
 from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.local.gateway import FunctionUrlGateway, LocalCredentials
@@ -816,6 +819,9 @@ class Bench:
         return result
 
     def baseline(self, case: Input) -> BaselineRun:
+        """`curl -o`, `sha256sum` (the task verifies too), `unsquashfs` with the task's own
+        flags (the same bounded caches, the same strictness) and `git checkout -B`, each a
+        subprocess, into a fresh journaled filesystem; the digest and HEAD checked."""
         folder = self.run_dir(f"baseline-{next(self.slots)}")
         steps: dict[str, float] = {}
         rss: dict[str, int] = {}
@@ -823,19 +829,22 @@ class Bench:
             archive, checkout = root / "archive.sqsh", root / "checkout"
             commands = {
                 "curl": ["curl", "-s", "-f", "-o", str(archive), self.nginx.url(case.archive)],
-                "unsquashfs": ["unsquashfs", "-q", "-n", "-d", str(checkout), str(archive)],
+                "sha256sum": ["sha256sum", str(archive)],
+                "unsquashfs": [*UNSQUASHFS_COMMAND, "-d", str(checkout), str(archive)],
                 "checkout": ["git", "-C", str(checkout), "checkout", "-q", "-B", REF, case.commit],
             }
             _settle_disk()
-            with (folder / "baseline.log").open("wb") as log:
-                for name, argv in commands.items():
-                    timed = timed_run(argv, env=self.environment, log=log)
-                    if timed.code != 0:
-                        tail = (folder / "baseline.log").read_text(errors="replace")[-2000:]
-                        raise BenchError(f"baseline {name} exited {timed.code}:\n{tail}")
-                    steps[name], rss[name] = timed.seconds, timed.max_rss_kb
-            if _head(checkout) != case.commit:
-                raise BenchError("the baseline's HEAD is not the commit")
+            for name, argv in commands.items():
+                log = folder / f"{name}.log"
+                with log.open("wb") as output:
+                    timed = timed_run(argv, env=self.environment, log=output)
+                if timed.code != 0:
+                    tail = log.read_text(errors="replace")[-2000:]
+                    raise BenchError(f"baseline {name} exited {timed.code}:\n{tail}")
+                steps[name], rss[name] = timed.seconds, timed.max_rss_kb
+            digest = (folder / "sha256sum.log").read_text().split()[:1]
+            if digest != [case.sha256] or _head(checkout) != case.commit:
+                raise BenchError("the baseline's archive or HEAD is not the snapshot's")
         shutil.rmtree(folder)
         return BaselineRun(total_s=sum(steps.values()), steps_s=steps, max_rss_kb=rss)
 
@@ -942,7 +951,9 @@ class Result:
 
 
 def report(console: Console, results: list[Result], repeats: int, workdir: Path) -> None:
-    table = Table(title="Restore vs curl + unsquashfs + git checkout (medians, alternating runs)")
+    table = Table(
+        title="Restore vs curl + sha256sum + unsquashfs + git checkout (medians, alternating runs)"
+    )
     for column in (
         "size",
         "files",
@@ -1108,7 +1119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unmount_leftovers(workdir / "runs")
     shutil.rmtree(workdir / "runs", ignore_errors=True)
     sizes = [size for size in SIZES if options.sizes is None or size.label in options.sizes]
-    for tool in ("git", "mksquashfs", "unsquashfs", "curl"):
+    for tool in ("git", "mksquashfs", "unsquashfs", "curl", "sha256sum"):
         if shutil.which(tool) is None:
             console.print(f"[red]{tool} is not installed (make bench installs it as root)[/red]")
             return 1

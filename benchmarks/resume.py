@@ -63,7 +63,6 @@ from seedkeeper.domain.record import Checkpoint, SeedSucceeded, SlotRecord
 from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper.store.snapshots import SnapshotStore
 from seedkeeper_task import capture
-from seedkeeper_task.restore.extract import UNSQUASHFS_COMMAND
 from seedkeeper_task.supervisor import CHECKOUT
 from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.local.motoserver import AtomicMotoServer
@@ -119,12 +118,6 @@ class TaskRun:
     restore_s: float  # result.ms: as the task records it
     steps_ms: dict[str, int]
     peak_rss_kb: int  # the task's own VmHWM
-
-
-@dataclass
-class BaselineRun:
-    total_s: float
-    steps_s: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -279,47 +272,9 @@ class Bench:
             raise restore.BenchError(f"{name} was not written: {outcome}")
         return outcome
 
-    def baseline(self, case: restore.Input) -> BaselineRun:
-        name = f"baseline-{next(self.counter)}"
-        with self.fresh(case, name) as (root, folder):
-            archive, checkout_dir = root / "archive.sqsh", root / "checkout"
-            commands = {
-                "curl": [
-                    "curl",
-                    "-s",
-                    "-f",
-                    "-o",
-                    str(archive),
-                    self.restore_bench.nginx.url(case.archive),
-                ],
-                "sha256sum": ["sha256sum", str(archive)],
-                # The task's own flags: the same bounded caches, the same strictness.
-                "unsquashfs": [*UNSQUASHFS_COMMAND, "-d", str(checkout_dir), str(archive)],
-                "checkout": [
-                    "git",
-                    "-C",
-                    str(checkout_dir),
-                    "checkout",
-                    "-q",
-                    "-B",
-                    restore.REF,
-                    case.commit,
-                ],
-            }
-            steps: dict[str, float] = {}
-            restore._settle_disk()
-            for step, argv in commands.items():
-                log = folder / f"{step}.log"
-                with log.open("wb") as output:
-                    timed = restore.timed_run(argv, env=self.restore_bench.environment, log=output)
-                if timed.code != 0:
-                    tail = log.read_text(errors="replace")[-2000:]
-                    raise restore.BenchError(f"baseline {step} exited {timed.code}:\n{tail}")
-                steps[step] = timed.seconds
-            digest = (folder / "sha256sum.log").read_text().split()[:1]
-            if digest != [case.sha256] or restore._head(checkout_dir) != case.commit:
-                raise restore.BenchError("the baseline's archive or HEAD is not the snapshot's")
-        return BaselineRun(total_s=sum(steps.values()), steps_s=steps)
+    def baseline(self, case: restore.Input) -> restore.BaselineRun:
+        """The restore benchmark's baseline, served by this rate's nginx."""
+        return self.restore_bench.baseline(case)
 
 
 def _worktree_entries(checkout: Path) -> int:
@@ -351,7 +306,7 @@ class Result:
     parkable: Parkable
     resume: list[TaskRun] = field(default_factory=list)
     seed: list[TaskRun] = field(default_factory=list)
-    baseline: list[BaselineRun] = field(default_factory=list)
+    baseline: list[restore.BaselineRun] = field(default_factory=list)
 
     def ratios(self, runs: list[TaskRun], measure: Callable[[TaskRun], float]) -> list[float]:
         """Each run against the baseline run of its round: their spread shows the noise."""
