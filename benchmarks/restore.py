@@ -700,7 +700,7 @@ class Bench:
         folder = self.run_dir(slot)
         record, op = self.launched(case, slot)
         assert record.incarnation is not None  # recorded by `launched`
-        plan = self.plan(record, op)
+        plan = SlotPlan.of(record, op)
         with self.disks.fresh(folder, capacity(case)) as root:
             workspace = root / "workspace"
             workspace.mkdir()
@@ -754,19 +754,6 @@ class Bench:
         if not isinstance(recorded, Written):
             raise BenchError(f"{slot}: the incarnation was not recorded: {recorded}")
         return recorded.record, born.entry.ref
-
-    @staticmethod
-    def plan(record: SlotRecord, op: OpRef) -> SlotPlan:
-        """The plan the seed function hands the task of `record`'s attempt: no URL, the
-        task asks the checkpoint function for them when it starts."""
-        return SlotPlan(
-            slot=record.slot,
-            attempt=record.attempt,
-            op=op,
-            seed=record.seed,
-            owner=record.owner,
-            origin=record.origin,
-        )
 
     def task(self, plan: SlotPlan, incarnation: str, workspace: Path, folder: Path) -> Timed:
         """The real slot task of `plan` in `incarnation`, started as the local runtime starts

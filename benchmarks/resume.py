@@ -59,6 +59,7 @@ from rich.table import Table
 
 from seedkeeper.domain import transitions
 from seedkeeper.domain.opwindow import OpRef
+from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import Checkpoint, SeedSucceeded, SlotRecord
 from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper.store.snapshots import SnapshotStore
@@ -183,7 +184,7 @@ class Bench:
         bench = self.restore_bench
         record, op = bench.launched(case, slot)
         assert record.incarnation is not None  # recorded by `launched`
-        plan = bench.plan(record, op)
+        plan = SlotPlan.of(record, op)
         timed = bench.task(plan, record.incarnation, workspace, folder)
         return _task_run(timed, bench.seeded(slot, case, timed, workspace, folder), folder, slot)
 
@@ -203,7 +204,7 @@ class Bench:
             # Where the task's start grants it a presigned GET: the record's checkpoint key.
             restore.serve_object(bench.nginx.root, record.checkpoint.key, parkable.path)
             workspace = root / "workspace"
-            timed = bench.task(bench.plan(record, op), record.incarnation, workspace, folder)
+            timed = bench.task(SlotPlan.of(record, op), record.incarnation, workspace, folder)
             result = bench.seeded(slot, case, timed, workspace, folder, resumed=True)
             restored = _worktree_entries(workspace / CHECKOUT)
             if restored != parkable.worktree:

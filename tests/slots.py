@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -261,3 +262,28 @@ def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) ->
     monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_DOCKER_CALLS", str(tmp_path / "calls.jsonl"))
     return tmp_path / "calls.jsonl"
+
+
+def signals_sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Every (process group, signal) this process sends with `os.killpg` from now on, in
+    order, each still sent: what a stop did, without timing it."""
+    sent: list[tuple[int, int]] = []
+    real = os.killpg
+
+    def kill(group: int, signal_number: int) -> None:
+        sent.append((group, signal_number))
+        real(group, signal_number)
+
+    monkeypatch.setattr(os, "killpg", kill)
+    return sent
+
+
+def one_grace_for_all(sent: list[tuple[int, int]], groups: list[int]) -> bool:
+    """Each group had its SIGTERM before any had its SIGKILL (one after another, the first
+    is killed before the second is asked), and each then had its SIGKILL."""
+    terms = [index for index, (group, sig) in enumerate(sent) if sig == signal.SIGTERM]
+    kills = [index for index, (group, sig) in enumerate(sent) if sig == signal.SIGKILL]
+    termed = {sent[index][0] for index in terms}
+    killed = {sent[index][0] for index in kills}
+    everyone = set(groups)
+    return bool(kills) and max(terms) < min(kills) and everyone <= termed and everyone <= killed

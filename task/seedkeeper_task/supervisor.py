@@ -125,9 +125,10 @@ class TaskSettings(BaseSettings):
             return None
         try:
             with urllib.request.urlopen(f"{endpoint}/task", timeout=5) as answer:  # noqa: S310
-                arn = json.load(answer).get("TaskARN")
+                metadata = json.load(answer)
         except (OSError, ValueError):
             return None
+        arn = metadata.get("TaskARN") if isinstance(metadata, dict) else None
         return arn if isinstance(arn, str) and arn.startswith("arn:") else None
 
 

@@ -87,14 +87,7 @@ def resume(
     resumed = changed(lifecycle.apply(slot, transitions.RESUME, poll))
     assert resumed.entry is not None
     assert resumed.record.resuming
-    plan = SlotPlan(
-        slot=slot,
-        attempt=resumed.record.attempt,
-        op=resumed.entry.ref,
-        seed=parked.seed,
-        owner=parked.owner,
-        origin=parked.origin,
-    )
+    plan = SlotPlan.of(resumed.record, resumed.entry.ref)
     incarnation = runtime.launch(plan)
     launched = transitions.Launched(incarnation=incarnation, launch=resumed.entry.ref, now=now)
     outcome = lifecycle.apply(slot, transitions.RECORD_INCARNATION, launched)
@@ -356,14 +349,7 @@ def test_a_resume_granted_no_checkpoint_is_refused_before_anything(
     poll = transitions.Poll(binding=parked.binding, now=now, idle_deadline=now + 1800)
     resumed = changed(lifecycle.apply(parked.slot, transitions.RESUME, poll))
     assert resumed.entry is not None
-    plan = SlotPlan(
-        slot=parked.slot,
-        attempt=resumed.record.attempt,
-        op=resumed.entry.ref,
-        seed=parked.seed,
-        owner=parked.owner,
-        origin=parked.origin,
-    )
+    plan = SlotPlan.of(resumed.record, resumed.entry.ref)
     table = slots.stack.store.table_resource()
     settings = TaskSettings(workspace=tmp_path / "workspace")
     task = SlotTask(plan, settings, Lifecycle(table), SnapshotStore(table), threading.Event())

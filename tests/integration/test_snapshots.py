@@ -30,6 +30,7 @@ from seedkeeper.domain.snapshots import (
 )
 from seedkeeper.errors import ResourceNotFound, SnapshotRefused
 from seedkeeper.services.rotation import Snapshots
+from seedkeeper.store.items import owed_since
 from seedkeeper.store.lifecycle import Lifecycle, Unmet, Written
 from seedkeeper.store.snapshots import Committed, Lost, SnapshotStore
 
@@ -457,8 +458,7 @@ def test_a_debt_naming_an_object_this_resource_does_not_own_never_deletes_it(
             "schema": 1,
             "backup_id": backup_id,
             "since": NOW,
-            "sweep": "debt",
-            "idle_deadline": NOW,
+            **owed_since(NOW),
         }
     )
     payment = b.snapshots.pay_debts(b.resource)

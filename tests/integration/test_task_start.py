@@ -8,10 +8,12 @@ that is not its attempt's is run to show it touches nothing.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -28,12 +30,12 @@ from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.adapters.runtime import EcsRuntime, SlotRuntime
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding, SeedIdentity
-from seedkeeper.domain.opwindow import OpRef
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.record import SlotRecord, State
 from seedkeeper.domain.snapshots import Archive, NewSnapshot
 from seedkeeper.services.seed import SeedRequest, SeedService, SeedSettings
 from seedkeeper.store.snapshots import SnapshotStore
+from seedkeeper_task.supervisor import ECS_METADATA_VARIABLE, TaskSettings
 from seedkeeper_tools.local.runtime import LOCAL_TASK_ENVIRONMENT
 
 checkpoint_function = load_function("checkpoint")
@@ -333,15 +335,7 @@ def test_a_task_that_is_not_its_attempts_touches_nothing_and_exits(
     workspace = tmp_path / "workspace"
     (workspace / "checkout").mkdir(parents=True)
     (workspace / "checkout" / "work.txt").write_text("the first task's\n")
-    op = record.window.entries[-1]
-    plan = SlotPlan(
-        slot=SLOT,
-        attempt=1,
-        op=OpRef(ordinal=op.ordinal, actor=op.actor, generation=op.generation),
-        seed=SEED,
-        owner=record.owner,
-        origin=record.origin,
-    )
+    plan = SlotPlan.of(record, record.window.entries[-1].ref)
     environment = {name: os.environ[name] for name in LOCAL_TASK_ENVIRONMENT if name in os.environ}
     environment |= {
         PLAN_VARIABLE: plan.to_env(),
@@ -362,3 +356,54 @@ def test_a_task_that_is_not_its_attempts_touches_nothing_and_exits(
     assert "not the attempt's" in ended.stdout + ended.stderr
     assert stack.wire_item(SLOT) == item
     assert (workspace / "checkout" / "work.txt").read_text() == "the first task's\n"
+
+
+class _Metadata(http.server.BaseHTTPRequestHandler):
+    """The ECS task metadata endpoint (v4) as Fargate serves it to the task: `/task`."""
+
+    answer: bytes
+
+    def do_GET(self) -> None:
+        found = self.path == "/task"
+        self.send_response(200 if found else 404)
+        self.end_headers()
+        self.wfile.write(self.answer if found else b"")
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("answer", "incarnation"),
+    [
+        pytest.param({"TaskARN": TASK_ARN, "Family": "slot"}, TASK_ARN, id="its-task-arn"),
+        pytest.param({"TaskARN": "not-an-arn"}, None, id="not-an-arn"),
+        pytest.param({"Family": "slot"}, None, id="no-arn"),
+        pytest.param("[]", None, id="not-an-object"),
+    ],
+)
+def test_on_fargate_a_task_is_the_task_arn_its_metadata_endpoint_names(
+    monkeypatch: pytest.MonkeyPatch, answer: Any, incarnation: str | None
+) -> None:
+    """No incarnation means no start: the task ends without a verdict rather than claim
+    its attempt under a name ECS does not know it by."""
+    body = answer.encode() if isinstance(answer, str) else json.dumps(answer).encode()
+    handler = type("Metadata", (_Metadata,), {"answer": body})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv(ECS_METADATA_VARIABLE, f"http://127.0.0.1:{server.server_address[1]}")
+        assert TaskSettings().own_incarnation() == incarnation
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_runtime_named_incarnation_wins_and_no_endpoint_is_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(ECS_METADATA_VARIABLE, raising=False)
+    assert TaskSettings().own_incarnation() is None
+    monkeypatch.setenv(ECS_METADATA_VARIABLE, "http://127.0.0.1:9")  # nothing answers
+    assert TaskSettings().own_incarnation() is None
+    assert TaskSettings(incarnation="local:slot-1:1").own_incarnation() == "local:slot-1:1"

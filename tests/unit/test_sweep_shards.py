@@ -15,9 +15,10 @@ from pydantic import ValidationError
 from builders import EXPIRED, IDLE, record_in
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain import transitions
+from seedkeeper.domain.checkpoints import Backoff
 from seedkeeper.domain.opwindow import Actor, OpKind
 from seedkeeper.domain.record import MAX_SWEEP_SHARDS, SlotRecord, State, encode, sweep_shard
-from seedkeeper.domain.transitions import Backoff, Change
+from seedkeeper.domain.transitions import Change
 from seedkeeper.services.sweep import RetainedAlertSettings, SweepSettings
 
 SLOTS = [f"slot-{n}" for n in range(5000)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from dataclasses import dataclass
 from typing import Annotated
 
 from pydantic import Field
@@ -64,10 +65,25 @@ def lifecycle_days(settings: RetentionSettings) -> int:
     return math.ceil(settings.park_retention / _DAY) + 1
 
 
+@dataclass(frozen=True)
+class Backoff:
+    """A wait that doubles with each try in a row: `first` seconds after the first, at most
+    `most`. The sweep's next look at a slot it retained (about one sweep period first), and
+    a failed checkpoint's next request."""
+
+    first: int = 300
+    most: int = 3600
+
+    def after(self, tries: int) -> int:
+        return min(self.most, self.first << min(tries - 1, 16))
+
+
+_CHECKPOINT_RETRY = Backoff(RETRY_FIRST, RETRY_MOST)
+
+
 def retry_after(failures: int) -> int:
     """Seconds until a checkpoint that failed `failures` times in a row is asked for again."""
-    doubled: int = RETRY_FIRST << min(failures - 1, 16)
-    return min(RETRY_MOST, doubled)
+    return _CHECKPOINT_RETRY.after(failures)
 
 
 def failing_for(failures: int) -> int:

@@ -15,8 +15,10 @@ from pydantic import Field
 
 from seedkeeper.domain.models import Binding, Model, Origin, OwnerClaim, SeedIdentity, SlotId
 from seedkeeper.domain.opwindow import OpRef
+from seedkeeper.domain.record import SlotRecord
 
 PLAN_VARIABLE = "SEEDKEEPER_PLAN"
+DEPS_PATH = "node_modules"  # where the deps tree lands in the checkout, unless configured
 
 
 class SlotPlan(Model):
@@ -28,9 +30,20 @@ class SlotPlan(Model):
     seed: SeedIdentity | None = None
     owner: OwnerClaim | None = None
     origin: Origin | None = None
-    deps_path: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")] = (
-        "node_modules"
-    )
+    deps_path: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")] = DEPS_PATH
+
+    @classmethod
+    def of(cls, record: SlotRecord, op: OpRef, *, deps_path: str = DEPS_PATH) -> SlotPlan:
+        """The plan of `record`'s attempt, whose restore (or a cold slot's launch) is `op`."""
+        return cls(
+            slot=record.slot,
+            attempt=record.attempt,
+            op=op,
+            seed=record.seed,
+            owner=record.owner,
+            origin=record.origin,
+            deps_path=deps_path,
+        )
 
     @property
     def binding(self) -> Binding:

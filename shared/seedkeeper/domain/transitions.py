@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from seedkeeper.domain import opwindow
-from seedkeeper.domain.checkpoints import counts_for, retry_after
+from seedkeeper.domain.checkpoints import Backoff, counts_for, retry_after
 from seedkeeper.domain.models import Binding, Incarnation, OwnerClaim
 from seedkeeper.domain.opwindow import Actor, Operation, OpKind, OpRef, Window
 from seedkeeper.domain.record import (
@@ -254,23 +254,15 @@ class Lost:
     expires_at: int
 
 
-@dataclass(frozen=True)
-class Backoff:
-    """When the sweep looks again at a slot it retained: `first` seconds after the first
-    retain (about one sweep period), doubling with each retain in a row, at most `most`."""
-
-    first: int = 300
-    most: int = 3600
-
-    def after(self, retains: int) -> int:
-        return min(self.most, self.first << min(retains - 1, 16))
+# The sweep's next look at a slot it retains, unless configured (`SweepSettings`).
+RETAIN_BACKOFF = Backoff()
 
 
 @dataclass(frozen=True)
 class Retained:
     reason: str
     now: int
-    backoff: Backoff = Backoff()
+    backoff: Backoff = RETAIN_BACKOFF
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from seedkeeper.domain.checkpoints import IdleSettings
 from seedkeeper.domain.models import Binding, Model, Origin, OwnerClaim, SeedIdentity, SlotId
 from seedkeeper.domain.opwindow import OpKind, OpRef, OpStatus
 from seedkeeper.domain.outcomes import Cold, KeptAlive, NotSeeded, Seeded, Seeding, SeedOutcome
-from seedkeeper.domain.plan import SlotPlan
+from seedkeeper.domain.plan import DEPS_PATH, SlotPlan
 from seedkeeper.domain.record import (
     SUCCEEDED_STATES,
     Absent,
@@ -47,7 +47,7 @@ _ROUNDS = 4
 
 class SeedSettings(IdleSettings):
     max_attempts: Annotated[int, Field(ge=1, le=8)] = 3
-    deps_path: str = "node_modules"
+    deps_path: str = DEPS_PATH
 
 
 class SeedRequest(Model):
@@ -287,15 +287,7 @@ class SeedService:
         binding, never a URL: the task asks the checkpoint function for those when it
         starts. So a relaunch of one attempt sends RunTask exactly what the first launch
         sent, and its client token answers the same task."""
-        plan = SlotPlan(
-            slot=record.slot,
-            attempt=record.attempt,
-            op=op,
-            seed=record.seed,
-            owner=record.owner,
-            origin=record.origin,
-            deps_path=self._settings.deps_path,
-        )
+        plan = SlotPlan.of(record, op, deps_path=self._settings.deps_path)
         incarnation = self._runtime().launch(plan)
         for _ in range(_ROUNDS):
             outcome = self._lifecycle.write(

@@ -33,7 +33,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from seedkeeper.adapters.r2 import R2
 from seedkeeper.adapters.runtime import SlotRuntime
-from seedkeeper.domain.checkpoints import RetentionSettings, failing_for
+from seedkeeper.domain.checkpoints import Backoff, RetentionSettings, failing_for
 from seedkeeper.domain.opwindow import OpKind
 from seedkeeper.domain.record import (
     Classified,
@@ -64,7 +64,6 @@ from seedkeeper.domain.transitions import (
     REQUEST_CHECKPOINT,
     RETIRE,
     At,
-    Backoff,
     Parked,
     Retained,
     Stopped,
@@ -201,13 +200,12 @@ class Sweeper:
         if isinstance(disposition, RequestCheckpoint):
             record = disposition.record
             asked = self._lifecycle.write(REQUEST_CHECKPOINT, record, At(now))
-            if isinstance(asked, Written):
-                report.checkpoints_requested.append(record.slot)
-            else:
+            if not isinstance(asked, Written):
                 report.retained["touched"] += 1
+                return
+            report.checkpoints_requested.append(record.slot)
             # Asked again after failures: its work has stayed unparked all that while.
-            failures = record.checkpoint_failures or 0
-            if failing_for(failures) >= self._retained_alert_after:
+            if failing_for(record.checkpoint_failures or 0) >= self._retained_alert_after:
                 report.retained_long[CHECKPOINT_FAILED_REASON] += 1
             return
         if isinstance(disposition, Lose):

@@ -12,7 +12,7 @@ from boto3.dynamodb.conditions import ConditionBase, ConditionExpressionBuilder
 DEBT_PARTITION = "debt"
 
 
-def owed_since(since: int) -> dict[str, object]:
+def owed_since(since: int) -> dict[str, str | int]:
     """A ledger entry's index attributes: the debt partition, sorted by when it was owed."""
     return {"sweep": DEBT_PARTITION, "sweep_at": since}
 

@@ -260,10 +260,7 @@ def _check(pk: str, sk: str, condition: ConditionBase) -> dict[str, Any]:
 
 
 # Keys and index attributes, not facts of the record.
-# `idle_deadline`: the index key of ledger entries written before `sweep_at` was.
-_KEYS = frozenset(
-    {"PK", "SK", "schema", "sweep", "sweep_at", "idle_deadline", SEEDABLE, SEEDABLE_DEPS}
-)
+_KEYS = frozenset({"PK", "SK", "schema", "sweep", "sweep_at", SEEDABLE, SEEDABLE_DEPS})
 
 
 def _resident(resource: str, items: list[dict[str, Any]]) -> Resident:
