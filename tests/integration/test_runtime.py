@@ -148,6 +148,14 @@ def started(runtime: LocalRuntime, slot: str, attempt: int) -> tuple[str, Path, 
     return incarnation, workspace, int((workspace / "child").read_text())
 
 
+def end(workspace: Path, how: str) -> None:
+    """Tell the ending task how to end: written whole, then renamed into place, so the task
+    never reads the file half written (an empty read once ended one with exit code 1)."""
+    staged = workspace / "end.tmp"
+    staged.write_text(how)
+    staged.rename(workspace / "end")
+
+
 def until(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -171,7 +179,7 @@ def test_a_task_that_stopped_by_itself_says_how_and_its_workspace_and_processes_
     """As a Fargate task's container and storage end with its essential container: what it
     left running in its group is ended, its workspace removed, and its status says why."""
     incarnation, workspace, child = started(ending, "slot-1", 1)
-    (workspace / "end").write_text(how)
+    end(workspace, how)
     # Its reaper (in this process, which launched it) removes it as soon as it ends.
     until(lambda: not workspace.exists(), "the workspace's removal")
 
@@ -196,7 +204,7 @@ def test_each_attempt_starts_in_a_fresh_workspace_and_another_attempts_stop_spar
     assert ending.workspace("slot-1") == second_workspace  # the latest attempt's
     assert sorted(p.name for p in second_workspace.iterdir()) == ["child", "work.txt"]
 
-    (first_workspace / "end").write_text("0")
+    end(first_workspace, "0")
     until(lambda: ending.status(first) is TaskStatus.STOPPED, "the first attempt's end")
     assert ending.statuses([first, second]) == {
         first: TaskState(TaskStatus.STOPPED, "task-stopped", "exit code 0"),
