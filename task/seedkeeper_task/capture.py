@@ -50,7 +50,7 @@ from seedkeeper_task.restore.repository import (
     repository_format,
     without_credentials,
 )
-from seedkeeper_task.sandbox import user_processes
+from seedkeeper_task.sandbox import stopped_children_holding_parents, user_processes
 from seedkeeper_task.slot_user import SlotUser
 
 __all__ = [
@@ -154,7 +154,8 @@ def freeze(user: SlotUser | None, group: int | None, *, timeout: float = _FREEZE
 
     With a slot user: every process of that user, wherever its session, through a helper
     running as the user; then wait (at most `timeout` s, re-sending each round) until each
-    is seen stopped: a process in uninterruptible sleep stops only when it leaves it.
+    is seen stopped: a process in uninterruptible sleep stops only when it leaves it, and
+    a vfork child stopped before its exec is let go so that its parent can leave it.
     Without one (an unprivileged developer's stack, where the sandbox runs as the
     supervisor's own user and kill(-1) would stop the supervisor's siblings): SIGSTOP to
     the sandbox's process group only. Neither: nothing to freeze.
@@ -169,6 +170,7 @@ def freeze(user: SlotUser | None, group: int | None, *, timeout: float = _FREEZE
                 raise FreezeFailed("freeze-incomplete", f"{len(running)} process(es) still running")
             _signal_all(user, signal.SIGSTOP, "freeze-failed")
             time.sleep(_POLL)
+            _let_go(user, stopped_children_holding_parents(user.uid))  # stopped next round
     elif group is not None:
         with contextlib.suppress(ProcessLookupError):  # the group has ended: nothing runs
             os.killpg(group, signal.SIGSTOP)
@@ -193,27 +195,43 @@ def _check_slot_uid(uid: int) -> None:
 
 def _signal_all(user: SlotUser, sent: signal.Signals, reason: str) -> None:
     """kill(-1, sent) as the slot user: the kernel lets it reach only that user's own
-    processes, never root's. /bin/sh's builtin kill, since the supervisor's interpreter
-    may not be reachable by the slot user (a virtualenv under root's home)."""
+    processes, never root's."""
     if not user_processes(user.uid):
         return  # kill(-1) would fail with ESRCH, and no process of the user can appear
-    argv = ["/bin/sh", "-c", f"kill -s {sent.name.removeprefix('SIG')} -- -1"]
     try:
-        done = subprocess.run(
-            argv,
-            cwd="/",
-            env=_HELPER_ENVIRONMENT,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=_HELPER_TIMEOUT,
-            check=False,
-            **user.subprocess_kwargs(),
-        )
+        done = _kill_as(user, sent, ["-1"])
     except (OSError, subprocess.SubprocessError) as failed:
         raise FreezeFailed(reason, type(failed).__name__) from None
     if done.returncode != 0 and user_processes(user.uid):  # ESRCH: all exited meanwhile
         tail = os.fsdecode(done.stderr).strip()[-_STDERR_TAIL:]
         raise FreezeFailed(reason, f"helper exited {done.returncode}: {tail}")
+
+
+def _let_go(user: SlotUser, pids: list[int]) -> None:
+    """SIGCONT to these processes, as the slot user (a pid reused meanwhile by another
+    user's process is never signalled). Best effort: one that has exited is no matter,
+    and the freeze's next round looks again."""
+    if pids:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            _kill_as(user, signal.SIGCONT, [str(pid) for pid in pids])
+
+
+def _kill_as(
+    user: SlotUser, sent: signal.Signals, targets: list[str]
+) -> subprocess.CompletedProcess[bytes]:
+    """/bin/sh's builtin kill, run as the slot user: the supervisor's interpreter may not be
+    reachable by the slot user (a virtualenv under root's home)."""
+    script = f'kill -s {sent.name.removeprefix("SIG")} -- "$@"'
+    return subprocess.run(
+        ["/bin/sh", "-c", script, "kill", *targets],
+        cwd="/",
+        env=_HELPER_ENVIRONMENT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=_HELPER_TIMEOUT,
+        check=False,
+        **user.subprocess_kwargs(),
+    )
 
 
 def _running(uid: int) -> list[int]:

@@ -144,6 +144,24 @@ def user_processes(uid: int) -> list[tuple[int, str]]:
     """(pid, state letter) of each live process whose real uid is `uid`, read from
     /proc/<pid>/status (the uid kill(-1) and permission checks go by; an undumpable
     process's /proc folder looks root's). Zombies and dead ones run nothing: left out."""
+    return [(pid, state) for pid, state, _ in _user_statuses(uid)]
+
+
+def stopped_children_holding_parents(uid: int) -> list[int]:
+    """The user's stopped processes whose parent is in uninterruptible sleep ("D"). A
+    process that spawned through vfork (dash runs commands so, posix_spawn does) waits
+    so until its child execs or exits: stopped before its exec, the child holds its
+    parent, which no SIGSTOP reaches until the child goes on."""
+    statuses = {pid: (state, parent) for pid, state, parent in _user_statuses(uid)}
+    return [
+        pid
+        for pid, (state, parent) in statuses.items()
+        if state in ("T", "t") and statuses.get(parent, ("", 0))[0] == "D"
+    ]
+
+
+def _user_statuses(uid: int) -> list[tuple[int, str, int]]:
+    """(pid, state letter, parent pid) of each live process whose real uid is `uid`."""
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
@@ -153,5 +171,5 @@ def user_processes(uid: int) -> list[tuple[int, str]]:
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         state = fields.get("State", "").strip()[:1]
         if fields.get("Uid", "").split()[:1] == [str(uid)] and state not in ("Z", "X"):
-            found.append((int(entry.name), state))
+            found.append((int(entry.name), state, int(fields.get("PPid", "0").strip() or 0)))
     return found

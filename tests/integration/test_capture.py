@@ -177,6 +177,52 @@ def test_freeze_stops_every_process_of_the_slot_user_and_thaw_resumes_them(
         sandbox.wait()
 
 
+# A process that spawns through vfork (dash runs commands so; posix_spawn does) waits in
+# uninterruptible sleep until its child execs. Here the child opens a FIFO before its exec
+# (a posix_spawn file action), which blocks until a reader comes: the freeze stops the
+# child first, and its parent can stop only once the child goes on to exec.
+VFORK_SANDBOX = """
+import os, sys
+os.posix_spawn("/bin/true", ["true"], {}, file_actions=[
+    (os.POSIX_SPAWN_OPEN, 1, sys.argv[1], os.O_WRONLY, 0)])
+"""
+
+
+@root_only
+def test_freeze_lets_a_stopped_vfork_child_go_on_so_that_its_parent_stops(
+    slot: SlotUser, place: Path
+) -> None:
+    fifo = place / "fifo"
+    os.mkfifo(fifo)
+    fifo.chmod(0o666)  # the slot user writes it
+    sandbox = subprocess.Popen(
+        ["/usr/bin/python3", "-c", VFORK_SANDBOX, str(fifo)],
+        cwd="/",
+        start_new_session=True,
+        **slot.subprocess_kwargs(),
+    )
+    try:
+        wait_for(lambda: len(processes_of(slot.uid)) == 2)
+        (child,) = [pid for pid in processes_of(slot.uid) if pid != sandbox.pid]
+        wait_for(lambda: process_state(sandbox.pid) == "D")  # held by its child
+        # The FIFO's reader comes once the freeze has stopped the child (root's, so the
+        # freeze leaves it running).
+        reader = subprocess.Popen(
+            ["/bin/sh", "-c", f"sleep 1; cat {fifo}"], stdout=subprocess.DEVNULL
+        )
+        freeze(slot, sandbox.pid, timeout=8)
+
+        assert [state for _, state in user_processes(slot.uid)] == ["T"]
+        assert process_state(sandbox.pid) == "T"
+        assert reader.wait(5) == 0  # the child reached its exec
+        thaw(slot, sandbox.pid)
+        assert sandbox.wait(5) == 0
+        assert child not in processes_of(slot.uid)
+    finally:
+        end_user_processes(slot.uid)
+        sandbox.wait()
+
+
 @root_only
 def test_freeze_and_thaw_with_no_process_of_the_slot_user_left(slot: SlotUser) -> None:
     assert processes_of(slot.uid) == []
