@@ -70,6 +70,7 @@ from seedkeeper_task.restore.extract import (
     extract,
     sweep_staging,
 )
+from seedkeeper_task.restore.index_stat import adopt_stat_data
 from seedkeeper_task.restore.repository import SafeGit, UnsafeRepository, empty_home, make_safe
 from seedkeeper_task.sandbox import (
     STATE_DIR,
@@ -463,8 +464,11 @@ class SlotTask:
                 target = seed.fetch_sha or self._git(
                     git, "rev-parse", "--verify", "FETCH_HEAD^{commit}"
                 )
-            # No --force: it would rewrite every file whose cached stat data is stale (all
-            # of them, freshly extracted), and it would silently discard a conflicting change.
+            # The index names the resident's inodes: given the extracted files' stat data
+            # where they match, git re-reads none of them.
+            adopt_stat_data(self.checkout, git.user)
+            # No --force: it would rewrite every file whose stat data is stale, and it
+            # would silently discard a conflicting change.
             self._git(git, "checkout", "--quiet", "-B", seed.ref, target, "--")
             head = self._git(git, "rev-parse", "--verify", "HEAD^{commit}")
         owner = plan.binding.owner

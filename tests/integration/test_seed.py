@@ -69,6 +69,9 @@ def test_a_published_snapshot_seeds_a_slot(slots: Slots, repo: Path, deps: Path)
     assert git(checkout, "symbolic-ref", "--short", "HEAD") == seed["ref"]
     assert git(checkout, "rev-parse", "HEAD") == seed["sha"]
     assert git(checkout, "remote", "get-url", "origin") == ORIGIN
+    # The index took the extracted files' stat data: on stat data alone, git takes only
+    # the resident's uncommitted edit for changed (test_index_stat proves no file is read).
+    assert git(checkout, "diff-files", "--name-only") == "src/lib.py"
     installed = checkout / "node_modules" / "left-pad" / "index.js"
     assert installed.read_text() == "module.exports = 1\n"
     assert (checkout / "src" / "tool.sh").stat().st_mode & 0o111

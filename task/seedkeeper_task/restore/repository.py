@@ -156,7 +156,7 @@ def make_safe(
     entries = read_config(git, dot_git / "config")
     repository = repository_format(entries)
     text = render_config(safe_config(repository, origin=origin, branch=branch))
-    _replace_file(dot_git / "config", text, owner)
+    replace_file(dot_git / "config", text, owner)
     for name in _REMOVED:
         _remove(dot_git / name)
     return credential_findings(entries)
@@ -351,14 +351,14 @@ def _quote(text: str) -> str:
     return f'"{escaped}"'
 
 
-def _replace_file(target: Path, text: str, owner: SlotUser | None) -> None:
+def replace_file(target: Path, content: str | bytes, owner: SlotUser | None) -> None:
     """Write a sibling, then rename it over `target`: a planted symlink is replaced, never
     followed."""
     staged = target.with_name(f".{target.name}.seedkeeper-{secrets.token_hex(8)}")
     descriptor = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
-        with os.fdopen(descriptor, "w") as staged_file:
-            staged_file.write(text)
+        with os.fdopen(descriptor, "wb") as staged_file:
+            staged_file.write(content.encode() if isinstance(content, str) else content)
             if owner is not None:
                 os.fchown(staged_file.fileno(), owner.uid, owner.gid)
         os.replace(staged, target)
