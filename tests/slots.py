@@ -172,6 +172,7 @@ class TamperingProxy(http.server.ThreadingHTTPServer):
         self.release = threading.Event()
         self.gets = threading.Event()
         self.ranges: list[str] = []  # the Range header of each ranged GET, in order
+        self.paths: list[str] = []  # the path of each GET (its query left out), in order
         super().__init__(("127.0.0.1", 0), _ProxyHandler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -197,6 +198,7 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         proxy, ranged = self.server, "Range" in self.headers
         proxy.gets.set()
+        proxy.paths.append(self.path.partition("?")[0])
         if ranged:
             proxy.ranges.append(self.headers["Range"])
         mode = proxy.mode if ranged or proxy.mode in ("stall", "truncate") else None

@@ -33,6 +33,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Literal
@@ -299,27 +300,37 @@ class SlotTask:
         return record
 
     def _seed(self, seed: SeedIdentity, created: list[Path]) -> str:
+        """Download both archives at once, and extract the checkout while the deps archive
+        is still coming: each waits only for what it needs."""
         plan, grant = self.plan, self.grant
         downloads = self._downloads()
         deadline = time.monotonic() + self.settings.restore_timeout
-        with self._step("download"):
-            checkout, deps = self._recorded_archives(seed)
-            if grant.checkout is None or (deps is not None and grant.deps is None):
-                raise StepFailed("download", "seed-missing", "no archive was granted")
-            archive = self._download(
-                grant.checkout, downloads / "checkout.sqsh", checkout, deadline
-            )
-            deps_archive = None
-            if deps is not None:
-                assert grant.deps is not None
-                deps_archive = self._download(grant.deps, downloads / "deps.sqsh", deps, deadline)
-        with self._step("extract"):
-            created.append(self.checkout)
-            self._extract(archive, self.checkout)
-            if deps_archive is not None:
-                deps_target = self.checkout / plan.deps_path
-                self._make_folders_above(deps_target)
-                self._extract(deps_archive, deps_target)
+        checkout, deps = self._recorded_archives(seed)
+        if grant.checkout is None or (deps is not None and grant.deps is None):
+            raise StepFailed("download", "seed-missing", "no archive was granted")
+        abandon = _EitherSet(self.stop)  # the deps download stops with the task, or on a failure
+        with ThreadPoolExecutor(1, thread_name_prefix="deps") as background:
+            try:
+                deps_download = None
+                if deps is not None:
+                    assert grant.deps is not None
+                    deps_download = background.submit(
+                        self._download, grant.deps, downloads / "deps.sqsh", deps, deadline, abandon
+                    )
+                with self._step("download"):
+                    archive = self._download(
+                        grant.checkout, downloads / "checkout.sqsh", checkout, deadline
+                    )
+                with self._step("extract"):
+                    created.append(self.checkout)
+                    self._extract(archive, self.checkout)
+                    if deps_download is not None:
+                        deps_target = self.checkout / plan.deps_path
+                        self._make_folders_above(deps_target)
+                        self._extract(deps_download.result(), deps_target)
+            except BaseException:
+                abandon.set()  # leaving the executor joins its thread: nothing still writes
+                raise
         with self._step("fixup"):
             head = self._fix_up(seed)
             self._check_whole_checkout()
@@ -374,9 +385,15 @@ class SlotTask:
         return archives
 
     def _download(
-        self, url: str, target: Path, recorded: Archive | Checkpoint, deadline: float
+        self,
+        url: str,
+        target: Path,
+        recorded: Archive | Checkpoint,
+        deadline: float,
+        cancel: threading.Event | None = None,
     ) -> Path:
-        """Download `url` into `target`, verified against the size and sha256 recorded."""
+        """Download `url` into `target`, verified against the size and sha256 recorded;
+        cancelled by `cancel` (default: the task's stop)."""
         try:
             download(
                 url,
@@ -387,7 +404,7 @@ class SlotTask:
                 parts=self.settings.download_parts,
                 stall_timeout=self.settings.download_stall_timeout,
                 max_retries=self.settings.download_retries,
-                cancel=self.stop,
+                cancel=cancel or self.stop,
             )
         except DownloadFailed as failed:
             missing = failed.reason == "http-404"
@@ -605,6 +622,18 @@ class SlotTask:
                 self.watcher.look()
                 next_look = time.monotonic() + self.watcher.interval()
         return False
+
+
+class _EitherSet(threading.Event):
+    """Set when it is set or when `also` is: a cancel for work that must stop with the
+    task as well as on its own account."""
+
+    def __init__(self, also: threading.Event) -> None:
+        super().__init__()
+        self.also = also
+
+    def is_set(self) -> bool:
+        return super().is_set() or self.also.is_set()
 
 
 def _branch(head: str) -> str | None:

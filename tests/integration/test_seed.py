@@ -201,6 +201,43 @@ def test_a_corrupted_archive_fails_at_verify_with_no_half_tree(
     assert slots.record("corrupt").state is State.SEED_FAILED
 
 
+def test_both_archives_download_at_once(
+    slots: Slots, repo: Path, deps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every GET is held until released: the deps archive's GET must come while the
+    checkout's is still held, which one download after the other never does."""
+    seed = slots.publish(repo, deps)
+    proxy = TamperingProxy(slots.stack.endpoint, mode="stall")
+    monkeypatch.setenv("SEEDKEEPER_R2_ENDPOINT", proxy.endpoint)
+    body = slots.body(seed, slot="both")
+    keys = {backup_key(seed[part]) for part in ("checkout_backup_id", "deps_backup_id")}
+    slots.seed(body)
+    wait_for(
+        lambda: all(any(path.endswith(f"/{key}") for path in proxy.paths) for key in keys),
+        "both archives requested while every GET is held",
+    )
+    proxy.release.set()
+    _, answer = slots.settle(body)
+    assert answer["seeded"] is True, slots.log("both")
+    proxy.close()
+
+
+def test_a_corrupted_deps_archive_fails_at_verify_and_the_extracted_checkout_goes(
+    slots: Slots, repo: Path, deps: Path
+) -> None:
+    seed = slots.publish(repo, deps)
+    s3 = boto3.client("s3", endpoint_url=slots.stack.endpoint, region_name="auto")
+    bucket, key = slots.stack.r2_settings.bucket or "", backup_key(seed["deps_backup_id"])
+    image = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    image[len(image) // 2] ^= 0xFF
+    s3.put_object(Bucket=bucket, Key=key, Body=bytes(image))
+    body = slots.body(seed, slot="bad-deps")
+    slots.seed(body)
+    _, answer = slots.settle(body)
+    assert verdict(answer) == (False, "seed-failed", "verify")
+    assert_no_half_tree(slots, "bad-deps")
+
+
 def test_an_object_shorter_than_recorded_fails_at_verify_with_no_half_tree(
     slots: Slots, repo: Path, tmp_path: Path
 ) -> None:
