@@ -2,6 +2,6 @@
 
 import sys
 
-from seedkeeper_task.supervisor import main
+from seedkeeper_task.launch import main
 
 sys.exit(main())

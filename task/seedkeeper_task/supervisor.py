@@ -1,16 +1,20 @@
 """The slot task: restore the slot's seed, verified, before the run's first command; then
 run the slot's sandbox command.
 
+First of all the task starts (`launch.start`): it tells the checkpoint function its
+incarnation, which the record then names for this attempt, and is answered the presigned
+URLs it restores from with the size and sha256 recorded for each; a task that is not the
+attempt's is refused and touches nothing. The downloads begin then (`launch.Prefetch`),
+before this module is even loaded.
+
 DESIGN §6, step by step: re-read the record and the workspace marker (refusing before
 anything is removed when either says the workspace belongs to someone); sweep an earlier
-attempt's debris; download and verify each archive; extract it so its target appears
-last; fix up git with argv lists; write the marker; settle the operation and the record,
-conditional on this attempt. Any failure removes the half tree (after the download
-workers are joined) and settles `seed_failed` with its reason and step.
-
-First of all the task starts (`SlotTask.start`): it tells the checkpoint function its
-incarnation, which the record then names for this attempt, and is answered the presigned
-URLs it restores from; a task that is not the attempt's is refused and touches nothing.
+attempt's debris; require the records to name what was granted; take each archive once
+downloaded and verified; extract it so its target appears last (the checkout while the
+deps archive may still be coming); give the index the extracted files' stat data and fix
+up git with argv lists; write the marker; settle the operation and the record,
+conditional on this attempt. Any failure stops and joins the downloads, removes the half
+tree and settles `seed_failed` with its reason and step.
 
 A resume (DESIGN §10, step 6) restores the slot's parked checkpoint instead, verified
 against the record's size and sha256, and checks out nothing: the checkout is the one that
@@ -23,23 +27,15 @@ Logs are JSON events; a presigned URL never appears in one.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Literal
-
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from typing import Literal
 
 from seedkeeper.adapters import aws
 from seedkeeper.config import StoreSettings
@@ -47,7 +43,7 @@ from seedkeeper.domain import transitions
 from seedkeeper.domain.gitref import is_valid_branch_name
 from seedkeeper.domain.models import Model, Origin, OwnerClaim, SeedIdentity
 from seedkeeper.domain.outcomes import RestoreGrant
-from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
+from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import (
     Checkpoint,
     FailureReason,
@@ -62,8 +58,8 @@ from seedkeeper.domain.transitions import Acknowledged
 from seedkeeper.observability import logger
 from seedkeeper.store.lifecycle import Conflict, Lifecycle, Written
 from seedkeeper.store.snapshots import SnapshotStore
-from seedkeeper_task import function_url
-from seedkeeper_task.restore.download import DownloadFailed, download
+from seedkeeper_task.launch import ArchiveName, Prefetch
+from seedkeeper_task.restore.download import DownloadFailed
 from seedkeeper_task.restore.extract import (
     ExtractFailed,
     UnsafeArchive,
@@ -78,60 +74,18 @@ from seedkeeper_task.sandbox import (
     end,
     end_user_processes,
     fresh_home,
-    make_undumpable,
     relay_output,
     start,
 )
-from seedkeeper_task.slot_user import SlotUser, slot_user
-from seedkeeper_task.watch import CheckpointSettings, Watcher, WatchSettings
+from seedkeeper_task.settings import CheckpointSettings, TaskSettings
+from seedkeeper_task.watch import Watcher, WatchSettings
 
 CHECKOUT = "checkout"
 HOME = "home"  # the sandbox's HOME, the slot user's, emptied before each run
 MARKER = "seed.json"
 _SETTLE_ROUNDS = 8
-# The start's call: tried this many times, waiting 1, 2, 4... seconds between (a function
-# being deployed, a throttle); each call bounded.
-_START_TRIES = 5
-_START_TIMEOUT = 30.0
-# Where a Fargate task reads its own metadata (its task ARN: its incarnation).
-ECS_METADATA_VARIABLE = "ECS_CONTAINER_METADATA_URI_V4"
 
 Verdict = Literal["seeded", "failed", "superseded"]
-
-
-class TaskSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SEEDKEEPER_", extra="ignore", frozen=True)
-
-    workspace: Path = Path("/workspace")
-    incarnation: str | None = None
-    restore_timeout: Annotated[float, Field(gt=0)] = 900.0
-    download_parts: Annotated[int, Field(ge=1, le=32)] = 4
-    download_stall_timeout: Annotated[float, Field(gt=0)] = 15.0  # seconds without a byte
-    download_retries: Annotated[int, Field(ge=0, le=20)] = 5  # per range, in a row, no progress
-    # The slot user: runs unsquashfs, git and the sandbox, owns the restored tree. None, or
-    # a task that is not root: the task's own user does (a developer's local stack).
-    slot_uid: int | None = None
-    slot_gid: int | None = None
-    sandbox_command: tuple[str, ...] = ()  # argv (JSON list); empty: wait until stopped
-
-    def slot_user(self) -> SlotUser | None:
-        return slot_user(self.slot_uid, self.slot_gid)
-
-    def own_incarnation(self) -> str | None:
-        """This task's incarnation: the one its runtime named (the local runtimes), else
-        its task ARN from the ECS task metadata endpoint (Fargate sets its address)."""
-        if self.incarnation is not None:
-            return self.incarnation
-        endpoint = os.environ.get(ECS_METADATA_VARIABLE)
-        if endpoint is None:
-            return None
-        try:
-            with urllib.request.urlopen(f"{endpoint}/task", timeout=5) as answer:  # noqa: S310
-                metadata = json.load(answer)
-        except (OSError, ValueError):
-            return None
-        arn = metadata.get("TaskARN") if isinstance(metadata, dict) else None
-        return arn if isinstance(arn, str) and arn.startswith("arn:") else None
 
 
 class Marker(Model):
@@ -155,11 +109,6 @@ class Superseded(Exception):
     """The record says this attempt is not the live one: touch nothing, settle nothing."""
 
 
-class NotStarted(Exception):
-    """The checkpoint function did not answer the start: the task ends without a verdict,
-    and the owner's next poll starts a new attempt (bounded)."""
-
-
 class SlotTask:
     def __init__(
         self,
@@ -168,7 +117,11 @@ class SlotTask:
         lifecycle: Lifecycle,
         snapshots: SnapshotStore,
         stop: threading.Event,
+        *,
+        prefetch: Prefetch | None = None,
     ) -> None:
+        """`prefetch`: the granted archives, downloading since the start (none: nothing
+        was granted)."""
         self.plan = plan
         self.settings = settings
         self.lifecycle = lifecycle
@@ -178,7 +131,8 @@ class SlotTask:
         self.checkout = self.workspace / CHECKOUT
         self.state_dir = self.workspace / STATE_DIR
         self.steps: dict[str, int] = {}
-        self.grant = RestoreGrant(expires_in=0)  # what `start` was answered
+        self.prefetch = prefetch or Prefetch(RestoreGrant(expires_in=0), settings, stop)
+        self.grant = self.prefetch.grant
         self.watcher = Watcher(
             WatchSettings(
                 slot=plan.slot,
@@ -192,46 +146,6 @@ class SlotTask:
             stop,
         )
 
-    # -- the start -----------------------------------------------------------------
-
-    def start(self, incarnation: str | None) -> bool:
-        """Claim this attempt at the checkpoint function (it records this task as the
-        attempt's incarnation if none is yet) and take the URLs to restore from. False:
-        this task is not the attempt's (another task of it came first, or the record moved
-        on): it touches nothing. A seed rotated out since the launch is answered with no
-        URL: the restore then fails as `seed-missing`, recorded."""
-        url = self.watcher.settings.checkpointing.checkpoint_url
-        if url is None or incarnation is None:
-            raise NotStarted("no checkpoint function or no incarnation")
-        body = {
-            "slot": self.plan.slot,
-            "attempt": self.plan.attempt,
-            "incarnation": incarnation,
-            "op": {"ordinal": self.plan.op.ordinal, "generation": self.plan.op.generation},
-        }
-        for attempt in range(_START_TRIES):
-            if attempt and self.stop.wait(2 ** (attempt - 1)):
-                break
-            try:
-                status, answer = function_url.post(
-                    url.rstrip("/") + "/tasks/start", body, timeout=_START_TIMEOUT
-                )
-            except function_url.Unreachable as unreachable:
-                logger.warning("start unanswered", why=str(unreachable))
-                continue
-            if status == 200:
-                self.grant = RestoreGrant.model_validate(answer)
-                return True
-            reason = answer.get("error")
-            if reason == "no-match":
-                return False
-            if reason == "seed-missing":
-                return True  # the grant names no archive: recorded as seed-missing
-            logger.warning("start refused", status=status, reason=str(reason)[:64])
-            if status < 500:
-                break
-        raise NotStarted("the checkpoint function did not answer the start")
-
     # -- the restore ---------------------------------------------------------------
 
     def restore(self) -> Verdict:
@@ -242,9 +156,11 @@ class SlotTask:
             record = self._preflight(seed)
         except Superseded as superseded:
             logger.warning("restore superseded", why=str(superseded))
+            self._discard_downloads()
             return "superseded"
         except StepFailed as failed:
             logger.warning("restore refused", step=failed.step, why=failed.detail)
+            self._discard_downloads()
             return self._settle(
                 SeedFailed(reason=failed.reason, step=failed.step, detail=failed.detail)
             )
@@ -256,9 +172,9 @@ class SlotTask:
                 ref, head = seed.ref, self._seed(seed, created)
         except StepFailed as failed:
             logger.warning("restore failed", step=failed.step, reason=failed.reason)
+            self._discard_downloads()  # the downloads stopped first: nothing still writes
             for path in reversed(created):
                 shutil.rmtree(path, ignore_errors=True)
-            self._discard_downloads()
             return self._settle(
                 SeedFailed(reason=failed.reason, step=failed.step, detail=failed.detail[:500])
             )
@@ -295,42 +211,24 @@ class SlotTask:
         if self.checkout.exists():
             sweep_staging(self.checkout)
             shutil.rmtree(self.checkout)  # an unbound tree: never handed to a run
-        self._discard_downloads()
         (self.state_dir / MARKER).unlink(missing_ok=True)
         return record
 
     def _seed(self, seed: SeedIdentity, created: list[Path]) -> str:
-        """Download both archives at once, and extract the checkout while the deps archive
-        is still coming: each waits only for what it needs."""
-        plan, grant = self.plan, self.grant
-        downloads = self._downloads()
-        deadline = time.monotonic() + self.settings.restore_timeout
+        """The archives have been downloading since the start, both at once: the checkout
+        extracts as soon as it is verified, while the deps archive may still be coming."""
         checkout, deps = self._recorded_archives(seed)
-        if grant.checkout is None or (deps is not None and grant.deps is None):
+        if self.grant.checkout is None or (deps is not None and self.grant.deps is None):
             raise StepFailed("download", "seed-missing", "no archive was granted")
-        abandon = _EitherSet(self.stop)  # the deps download stops with the task, or on a failure
-        with ThreadPoolExecutor(1, thread_name_prefix="deps") as background:
-            try:
-                deps_download = None
-                if deps is not None:
-                    assert grant.deps is not None
-                    deps_download = background.submit(
-                        self._download, grant.deps, downloads / "deps.sqsh", deps, deadline, abandon
-                    )
-                with self._step("download"):
-                    archive = self._download(
-                        grant.checkout, downloads / "checkout.sqsh", checkout, deadline
-                    )
-                with self._step("extract"):
-                    created.append(self.checkout)
-                    self._extract(archive, self.checkout)
-                    if deps_download is not None:
-                        deps_target = self.checkout / plan.deps_path
-                        self._make_folders_above(deps_target)
-                        self._extract(deps_download.result(), deps_target)
-            except BaseException:
-                abandon.set()  # leaving the executor joins its thread: nothing still writes
-                raise
+        with self._step("download"):
+            archive = self._downloaded("checkout", checkout)
+        with self._step("extract"):
+            created.append(self.checkout)
+            self._extract(archive, self.checkout)
+            if deps is not None:
+                deps_target = self.checkout / self.plan.deps_path
+                self._make_folders_above(deps_target)
+                self._extract(self._downloaded("deps", deps), deps_target)
         with self._step("fixup"):
             head = self._fix_up(seed)
             self._check_whole_checkout()
@@ -355,10 +253,8 @@ class SlotTask:
         the run may have committed since the seed, and the checkpoint is the one the
         record ties to this owner, verified by its size and sha256."""
         assert self.grant.resume is not None  # the preflight refused a resume without one
-        deadline = time.monotonic() + self.settings.restore_timeout
         with self._step("download"):
-            target = self._downloads() / "checkpoint.sqsh"
-            archive = self._download(self.grant.resume, target, checkpoint, deadline)
+            archive = self._downloaded("resume", checkpoint)
         with self._step("extract"):
             created.append(self.checkout)
             self._extract(archive, self.checkout, checkpoint=True)
@@ -369,14 +265,6 @@ class SlotTask:
             self._write_marker(seed, head)
         return ref or seed.ref, head
 
-    def _downloads(self) -> Path:
-        downloads = self.state_dir / "downloads"
-        downloads.mkdir(parents=True, exist_ok=True)
-        # Searchable, not listable: the slot user's unsquashfs opens an archive by its name.
-        for folder in (self.state_dir, downloads):
-            folder.chmod(0o711)
-        return downloads
-
     def _recorded_archives(self, seed: SeedIdentity) -> tuple[Archive, Archive | None]:
         """What to verify against, read from the snapshot records themselves."""
         archives = self.snapshots.read(seed.resource).archives_for(seed)
@@ -384,34 +272,19 @@ class SlotTask:
             raise StepFailed("download", "seed-missing", "no recorded generation names the seed")
         return archives
 
-    def _download(
-        self,
-        url: str,
-        target: Path,
-        recorded: Archive | Checkpoint,
-        deadline: float,
-        cancel: threading.Event | None = None,
-    ) -> Path:
-        """Download `url` into `target`, verified against the size and sha256 recorded;
-        cancelled by `cancel` (default: the task's stop)."""
+    def _downloaded(self, name: ArchiveName, recorded: Archive | Checkpoint) -> Path:
+        """The granted archive `name` once downloaded and verified; the grant must name
+        the bytes recorded (its size and sha256 came from the checkpoint function)."""
+        granted = getattr(self.grant, name)
+        if (granted.size, granted.sha256) != (recorded.size, recorded.sha256):
+            raise StepFailed("download", "seed-failed", f"the {name} granted is not as recorded")
         try:
-            download(
-                url,
-                target,
-                size=recorded.size,
-                sha256=recorded.sha256,
-                deadline=deadline,
-                parts=self.settings.download_parts,
-                stall_timeout=self.settings.download_stall_timeout,
-                max_retries=self.settings.download_retries,
-                cancel=cancel or self.stop,
-            )
+            return self.prefetch.result(name)
         except DownloadFailed as failed:
             missing = failed.reason == "http-404"
             raise StepFailed(
                 failed.step, "seed-missing" if missing else "seed-failed", failed.reason
             ) from failed
-        return target
 
     def _extract(self, archive: Path, target: Path, *, checkpoint: bool = False) -> None:
         try:
@@ -527,7 +400,8 @@ class SlotTask:
             raise StepFailed("sweep", "seed-failed", "an unreadable marker") from invalid
 
     def _discard_downloads(self) -> None:
-        shutil.rmtree(self.state_dir / "downloads", ignore_errors=True)
+        self.prefetch.close()
+        shutil.rmtree(self.prefetch.folder, ignore_errors=True)
 
     @contextmanager
     def _step(self, name: str) -> Iterator[None]:
@@ -624,18 +498,6 @@ class SlotTask:
         return False
 
 
-class _EitherSet(threading.Event):
-    """Set when it is set or when `also` is: a cancel for work that must stop with the
-    task as well as on its own account."""
-
-    def __init__(self, also: threading.Event) -> None:
-        super().__init__()
-        self.also = also
-
-    def is_set(self) -> bool:
-        return super().is_set() or self.also.is_set()
-
-
 def _branch(head: str) -> str | None:
     """The branch `rev-parse --symbolic-full-name HEAD` names, when a record can hold it
     (None: detached, or a name no seed could have)."""
@@ -653,27 +515,9 @@ def task_store() -> tuple[Lifecycle, SnapshotStore]:
     return Lifecycle(table, shards=store.sweep_shards), SnapshotStore(table)
 
 
-def main() -> int:
-    # First: the environment this process started with (plan, credentials) stays in its
-    # memory, and the sandbox must not read it through /proc.
-    make_undumpable()
-    stop = threading.Event()
-    for stopping in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(stopping, lambda *_: stop.set())
-    plan = SlotPlan.from_env(os.environ.pop(PLAN_VARIABLE))
-    settings = TaskSettings()
-    incarnation = settings.own_incarnation()
-    task = SlotTask(plan, settings, *task_store(), stop)
-    logger.append_keys(slot=plan.slot, attempt=plan.attempt, incarnation=incarnation)
-    try:
-        started = task.start(incarnation)
-    except NotStarted as unanswered:
-        logger.error("task not started", why=str(unanswered))
-        return 1
-    if not started:
-        logger.info("task not the attempt's: left")
-        return 0
-    logger.info("task started", seeded=plan.binding.seed is not None)
+def run(plan: SlotPlan, settings: TaskSettings, prefetch: Prefetch, stop: threading.Event) -> int:
+    """The task once started (launch.main): restore, then run the sandbox."""
+    task = SlotTask(plan, settings, *task_store(), stop, prefetch=prefetch)
     user = settings.slot_user()
     if user is not None:
         # The slot user is this slot's alone: nothing an earlier attempt's sandbox left may
@@ -686,7 +530,3 @@ def main() -> int:
     # Stopped (a park, a retirement, the platform): the task did what it was asked. The
     # sandbox's own code (killed at once when frozen) is in the log, not the task's.
     return 0 if stop.is_set() else code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -38,10 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
-
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from typing import Any, Literal
 
 from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import MAX_CHECKPOINT_BYTES, RetentionSettings, retry_after
@@ -61,13 +58,12 @@ from seedkeeper_task.capture import (
     thaw,
     upload,
 )
+from seedkeeper_task.settings import STOP_MARGIN, CheckpointSettings
 from seedkeeper_task.slot_user import SlotUser
 
 _CAPTURE = "checkpoint.sqsh"
 _CALL_TIMEOUT = 30.0
 _BACKOFF = 2.0  # seconds before the second try of an upload; doubled for each further one
-# Kept from a stop's budget for the last write (parked or lost) after the checkpoint.
-STOP_MARGIN = 10.0
 # The states a stopping task checkpoints from; any other is left as it is (closing: the
 # sweep's own stop, for a park or a retirement; ended; a seed with no verdict yet).
 _KEPT_ON_STOP = frozenset({State.SEEDED, State.CHECKPOINTING, State.CHECKPOINTED})
@@ -76,24 +72,6 @@ STOP_TIMEOUT = "stop-timeout"
 
 Ending = Literal["checkpointed", "abandoned", "failed", "stopping", "superseded"]
 StopEnding = Literal["parked", "lost", "left", "unrecorded"]
-
-
-class CheckpointSettings(BaseSettings):
-    """The checkpoint's part of the slot task's environment: the function's URL, how often
-    the record is read (a poll waits on the frozen interval), the bounds of one capture
-    and one upload, and how many times upload and record are tried."""
-
-    model_config = SettingsConfigDict(env_prefix="SEEDKEEPER_", extra="ignore", frozen=True)
-
-    checkpoint_url: str | None = None
-    watch_interval: Annotated[float, Field(gt=0, le=3600)] = 30.0
-    frozen_watch_interval: Annotated[float, Field(gt=0, le=60)] = 2.0
-    checkpoint_timeout: Annotated[float, Field(gt=0)] = 600.0  # the capture
-    upload_timeout: Annotated[float, Field(gt=0)] = 60.0  # no byte moving for this long
-    checkpoint_attempts: Annotated[int, Field(ge=1, le=10)] = 3
-    # Between the platform's SIGTERM and its SIGKILL (Fargate's stopTimeout, 120 s at
-    # most): a stopped task checkpoints in this, less STOP_MARGIN.
-    stop_timeout: Annotated[float, Field(gt=STOP_MARGIN, le=3600)] = 120.0
 
 
 @dataclass(frozen=True)

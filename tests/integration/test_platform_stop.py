@@ -38,8 +38,8 @@ from seedkeeper.domain.outcomes import Seeded
 from seedkeeper.domain.record import SlotRecord, State, Supported
 from seedkeeper.store.lifecycle import Written
 from seedkeeper_task.sandbox import user_processes
+from seedkeeper_task.settings import STOP_MARGIN
 from seedkeeper_task.supervisor import CHECKOUT
-from seedkeeper_task.watch import STOP_MARGIN
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.stack import LocalStack
 

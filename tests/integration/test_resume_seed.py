@@ -53,7 +53,7 @@ import time
 def _hold(frame, event, arg):
     code = frame.f_code
     if (event, code.co_qualname) == ("call", "main") and code.co_filename.endswith(
-        "seedkeeper_task/supervisor.py"
+        "seedkeeper_task/launch.py"
     ):
         held = os.path.join(os.environ["TASK_HELD"], os.environ["SEEDKEEPER_INCARNATION"])
         open(held, "x").close()
@@ -272,10 +272,11 @@ def test_the_owner_resumes_its_parked_slot_from_its_checkpoint(
     # The one URL the task is granted is the checkpoint's, never a snapshot archive's.
     grant = granted(plan, "local:slot-1:2")
     assert (grant.checkout, grant.deps) == (None, None)
-    url = grant.resume
-    assert url is not None
+    assert grant.resume is not None
+    url = grant.resume.url
     assert unquote(urlsplit(url).path) == f"/{bucket(slots.stack)}/{checkpoint.key}"
     assert "X-Amz-Signature=" in url
+    assert (grant.resume.size, grant.resume.sha256) == (checkpoint.size, checkpoint.sha256)
 
     # Polled again while the task is held: the same attempt, still resumed, no new task.
     assert slots.seed(body) == (202, answer)

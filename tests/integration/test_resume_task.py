@@ -36,7 +36,8 @@ from seedkeeper.domain.record import SeedFailed, SeedSucceeded, SlotRecord, Stat
 from seedkeeper.store.lifecycle import Lifecycle, Outcome, Written
 from seedkeeper.store.snapshots import SnapshotStore
 from seedkeeper_task.restore.repository import RepositoryFormat, render_config, safe_config
-from seedkeeper_task.supervisor import CHECKOUT, SlotTask, TaskSettings
+from seedkeeper_task.settings import TaskSettings
+from seedkeeper_task.supervisor import CHECKOUT, SlotTask
 from seedkeeper_tools.local.runtime import LocalRuntime
 from slots import Slots, squashfs_of, wait_for
 

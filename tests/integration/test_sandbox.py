@@ -254,6 +254,9 @@ def test_nothing_a_lost_task_left_runs_when_the_next_task_of_its_slot_starts(
     wait_for(lambda: any(True for _ in running_with(f"{token}-escaped")), "the escaped one")
     slots.kill(answer["incarnation"])  # the task's process group only, as a lost host
     wait_for(lambda: running_with(token) == [], "the runtime to end what the task left")
+    # Its clearing is over once the workspace is gone: till then it may still end (again)
+    # whatever runs as the slot's user, the process planted below included.
+    wait_for(lambda: not slots.workspace("lost").exists(), "the runtime to clear the task")
 
     # One the runtime did not see (planted as the slot's user): the next task ends it.
     uid = slots.runtime.slot_uid("lost")

@@ -19,7 +19,7 @@ from repos import git, tree
 from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding, SeedIdentity
-from seedkeeper.domain.outcomes import RestoreGrant
+from seedkeeper.domain.outcomes import GrantedArchive, RestoreGrant
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import SeedFailed, State, Supported
 from seedkeeper.domain.refused import Refused
@@ -27,8 +27,10 @@ from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.domain.snapshots import Archive, NewSnapshot
 from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper.store.snapshots import SnapshotStore
+from seedkeeper_task.launch import Prefetch
 from seedkeeper_task.sandbox import STATE_DIR
-from seedkeeper_task.supervisor import CHECKOUT, MARKER, SlotTask, TaskSettings
+from seedkeeper_task.settings import TaskSettings
+from seedkeeper_task.supervisor import CHECKOUT, MARKER, SlotTask
 from sessions import injected_session, operations
 from slots import (
     ORIGIN,
@@ -455,37 +457,58 @@ def assert_the_task_settles_seed_missing_unfetched(
 ) -> None:
     """Birth a record naming `seed`, run its slot task in-process granted a URL nothing
     answers, and check it settles `seed-missing` at `download` without a tree."""
+    never = GrantedArchive(url="http://127.0.0.1:9/never-fetched", size=1, sha256="0" * 64)
+    failed = settled_in_process(stack, seed, RestoreGrant(checkout=never, expires_in=60), tmp_path)
+    assert (failed.reason, failed.step) == ("seed-missing", "download")
+
+
+def test_a_grant_naming_other_bytes_than_recorded_fails_before_anything_is_extracted(
+    slots: Slots, repo: Path, tmp_path: Path
+) -> None:
+    seed = SeedIdentity.model_validate(slots.publish(repo) | {"resource": "widgets"})
+    table = slots.stack.store.table_resource()
+    archive = SnapshotStore(table).read("widgets").archives_for(seed)
+    assert archive is not None
+    recorded = archive[0]
+    served = slots.stack.r2.presign_get(backup_key(recorded.backup_id), 60)
+    other = GrantedArchive(url=served, size=recorded.size, sha256="f" * 64)
+
+    failed = settled_in_process(
+        slots.stack, seed, RestoreGrant(checkout=other, expires_in=60), tmp_path
+    )
+
+    assert (failed.reason, failed.step) == ("seed-failed", "download")
+    assert failed.detail == "the checkout granted is not as recorded"
+
+
+def settled_in_process(
+    stack: Stack, seed: SeedIdentity, grant: RestoreGrant, tmp_path: Path
+) -> SeedFailed:
+    """Birth a record naming `seed`, run its slot task in-process with `grant`, and answer
+    the failure it settled, with no checkout left."""
     lifecycle = stack.store.lifecycle()
     born = lifecycle.birth(
-        "unfetched",
+        "in-process",
         Binding(owner=None, seed=seed, origin=None),
         now=1_800_000_000,
         idle_deadline=1_800_000_600,
     )
     assert isinstance(born, Written)
     assert born.entry is not None
-    plan = SlotPlan(
-        slot="unfetched",
-        attempt=1,
-        op=born.entry.ref,
-        seed=seed,
-    )
+    plan = SlotPlan(slot="in-process", attempt=1, op=born.entry.ref, seed=seed)
     table = stack.store.table_resource()
-    task = SlotTask(
-        plan,
-        TaskSettings(workspace=tmp_path / "workspace"),
-        Lifecycle(table),
-        SnapshotStore(table),
-        threading.Event(),
-    )
-    task.grant = RestoreGrant(checkout="http://127.0.0.1:9/never-fetched", expires_in=60)
+    settings = TaskSettings(workspace=tmp_path / "workspace")
+    stop = threading.Event()
+    prefetch = Prefetch(grant, settings, stop)
+    task = SlotTask(plan, settings, Lifecycle(table), SnapshotStore(table), stop, prefetch=prefetch)
     assert task.restore() == "failed"
-    classified = lifecycle.read("unfetched")
+    classified = lifecycle.read("in-process")
     assert isinstance(classified, Supported)
     result = classified.record.result
     assert isinstance(result, SeedFailed)
-    assert (result.reason, result.step) == ("seed-missing", "download")
     assert not (tmp_path / "workspace" / CHECKOUT).exists()
+    assert not (tmp_path / "workspace" / STATE_DIR / "downloads").exists()
+    return result
 
 
 def assert_seed_missing_with_no_effect(slots: Slots, seed: dict[str, Any]) -> None:

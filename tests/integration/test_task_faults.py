@@ -3,9 +3,9 @@ each step of its restore (its workspace goes with it, as a Fargate task's storag
 the next attempt restores into a fresh one), and facing an R2 that errs, resets or stalls.
 
 A kill is made deterministic without any hook in the task: a sitecustomize first on the
-task's PYTHONPATH blocks its main thread where the test says (the entry to or the return
-from a named function) after creating a file; the test waits for that file, then kills the
-task's process group."""
+task's PYTHONPATH blocks the thread that gets where the test says (the entry to or the
+return from a named function; the downloads run in threads of their own) after creating a
+file; the test waits for that file, then kills the task's process group."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from seedkeeper.domain.record import State
 from seedkeeper.domain.refused import Refused
 from seedkeeper_task.restore.download import plan_ranges
 from seedkeeper_task.sandbox import STATE_DIR
-from seedkeeper_task.supervisor import CHECKOUT, MARKER, Marker, TaskSettings
+from seedkeeper_task.settings import TaskSettings
+from seedkeeper_task.supervisor import CHECKOUT, MARKER, Marker
 from slots import Slots, TamperingProxy, assert_no_half_tree, verdict, wait_for
 
 # TASK_BLOCK_AT "<profile event>:<qualified name>" of a seedkeeper function: the task's main
@@ -30,6 +31,7 @@ from slots import Slots, TamperingProxy, assert_no_half_tree, verdict, wait_for
 SITECUSTOMIZE = """
 import os
 import sys
+import threading
 import time
 
 def _block(frame, event, arg):
@@ -41,6 +43,7 @@ def _block(frame, event, arg):
 if "TASK_BLOCK_AT" in os.environ:
     _AT = tuple(os.environ["TASK_BLOCK_AT"].split(":"))
     sys.setprofile(_block)
+    threading.setprofile(_block)
 """
 
 # step -> (where the task blocks, what it has left in the workspace there)

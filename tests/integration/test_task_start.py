@@ -35,7 +35,7 @@ from seedkeeper.domain.record import SlotRecord, State
 from seedkeeper.domain.snapshots import Archive, NewSnapshot
 from seedkeeper.services.seed import SeedRequest, SeedService, SeedSettings
 from seedkeeper.store.snapshots import SnapshotStore
-from seedkeeper_task.supervisor import ECS_METADATA_VARIABLE, TaskSettings
+from seedkeeper_task.settings import ECS_METADATA_VARIABLE, TaskSettings
 from seedkeeper_tools.local.runtime import LOCAL_TASK_ENVIRONMENT
 
 checkpoint_function = load_function("checkpoint")
@@ -214,10 +214,14 @@ def test_the_attempts_task_is_granted_its_archives_and_recorded_as_its_incarnati
 
     assert status == 200, answer
     bucket = stack.r2_settings.bucket
-    assert unquote(urlsplit(answer["checkout"]).path) == f"/{bucket}/{backup_key('checkout-0001')}"
-    assert unquote(urlsplit(answer["deps"]).path) == f"/{bucket}/{backup_key('deps-0001')}"
+    checkout, deps = answer["checkout"], answer["deps"]
+    assert unquote(urlsplit(checkout["url"]).path) == f"/{bucket}/{backup_key('checkout-0001')}"
+    assert unquote(urlsplit(deps["url"]).path) == f"/{bucket}/{backup_key('deps-0001')}"
+    # What the records name for each, which the task verifies its download against.
+    assert (checkout["size"], checkout["sha256"]) == (10, "0" * 64)
+    assert (deps["size"], deps["sha256"]) == (10, "1" * 64)
     assert answer["resume"] is None
-    assert "X-Amz-Signature=" in answer["checkout"]
+    assert "X-Amz-Signature=" in checkout["url"]
     after = read(stack)
     assert after.incarnation == TASK_ARN
     assert after.state is State.SEEDING
@@ -300,8 +304,10 @@ def test_a_resumed_attempt_is_granted_its_checkpoint_only(stack: Stack) -> None:
 
     assert status == 200, answer
     assert (answer["checkout"], answer["deps"]) == (None, None)
-    path = unquote(urlsplit(answer["resume"]).path)
+    path = unquote(urlsplit(answer["resume"]["url"]).path)
     assert path == f"/{stack.r2_settings.bucket}/{resumed.checkpoint.key}"
+    granted = (answer["resume"]["size"], answer["resume"]["sha256"])
+    assert granted == (resumed.checkpoint.size, resumed.checkpoint.sha256)
 
 
 @pytest.mark.parametrize("field", ["slot", "attempt", "incarnation", "op"])

@@ -31,8 +31,7 @@ from seedkeeper.services.seed import SeedSettings
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper.store.sweep_index import SweepIndex
-from seedkeeper_task.supervisor import TaskSettings
-from seedkeeper_task.watch import CheckpointSettings
+from seedkeeper_task.settings import CheckpointSettings, TaskSettings
 from seedkeeper_tools.infra import TABLE_RESOURCE, TEMPLATE, load_template, table_properties
 
 if TYPE_CHECKING:

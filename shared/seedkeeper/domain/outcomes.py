@@ -4,13 +4,13 @@ gives each outcome and each refusal its HTTP status."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
 from seedkeeper.domain.models import Model, OwnerClaim
 from seedkeeper.domain.refused import Refused
-from seedkeeper.domain.snapshots import DepsEntry, SeedHandle, Snapshot
+from seedkeeper.domain.snapshots import DepsEntry, SeedHandle, Sha256, Snapshot
 
 # -- POST /seed ---------------------------------------------------------------------------
 
@@ -105,14 +105,23 @@ class Evidence(Model):
 # -- /checkpoints (the slot task's) ---------------------------------------------------------
 
 
-class RestoreGrant(Model):
-    """What a started slot task restores from: presigned GETs of its seed's archives, or of
-    its parked checkpoint on a resume (none for a cold slot). The task verifies each
-    against the size and sha256 recorded."""
+class GrantedArchive(Model):
+    """A presigned GET of one archive, with the size and sha256 its record names: the task
+    downloads and verifies it against these at once, and before extracting it requires
+    the records it reads itself to name the same."""
 
-    checkout: str | None = None
-    deps: str | None = None
-    resume: str | None = None
+    url: str
+    size: Annotated[int, Field(ge=1)]
+    sha256: Sha256
+
+
+class RestoreGrant(Model):
+    """What a started slot task restores from: its seed's archives, or its parked
+    checkpoint on a resume (none for a cold slot)."""
+
+    checkout: GrantedArchive | None = None
+    deps: GrantedArchive | None = None
+    resume: GrantedArchive | None = None
     expires_in: int
 
 

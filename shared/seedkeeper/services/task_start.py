@@ -21,9 +21,10 @@ from seedkeeper.adapters.r2 import R2, backup_key
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Incarnation, Model, SlotId
 from seedkeeper.domain.opwindow import OpKind
-from seedkeeper.domain.outcomes import RestoreGrant
-from seedkeeper.domain.record import SlotRecord, State, Supported
+from seedkeeper.domain.outcomes import GrantedArchive, RestoreGrant
+from seedkeeper.domain.record import Checkpoint, SlotRecord, State, Supported
 from seedkeeper.domain.refused import Refused
+from seedkeeper.domain.snapshots import Archive
 from seedkeeper.domain.transitions import Acknowledged
 from seedkeeper.observability import logger
 from seedkeeper.store.lifecycle import Lifecycle, Written
@@ -117,9 +118,10 @@ class TaskStarts:
         if self._r2 is None:
             return Refused("r2-unconfigured")
         if record.resuming:
-            assert record.checkpoint is not None
+            checkpoint = record.checkpoint
+            assert checkpoint is not None
             return RestoreGrant(
-                resume=self._presign(record.checkpoint.key), expires_in=self._presign_expiry
+                resume=self._presign(checkpoint.key, checkpoint), expires_in=self._presign_expiry
             )
         archives = self._snapshots.read(seed.resource).archives_for(seed)
         if archives is None:
@@ -127,11 +129,12 @@ class TaskStarts:
             return Refused("seed-missing", "no recorded generation names the seed")
         checkout, deps = archives
         return RestoreGrant(
-            checkout=self._presign(backup_key(checkout.backup_id)),
-            deps=self._presign(backup_key(deps.backup_id)) if deps is not None else None,
+            checkout=self._presign(backup_key(checkout.backup_id), checkout),
+            deps=self._presign(backup_key(deps.backup_id), deps) if deps is not None else None,
             expires_in=self._presign_expiry,
         )
 
-    def _presign(self, key: str) -> str:
+    def _presign(self, key: str, recorded: Archive | Checkpoint) -> GrantedArchive:
         assert self._r2 is not None
-        return self._r2.presign_get(key, self._presign_expiry)
+        url = self._r2.presign_get(key, self._presign_expiry)
+        return GrantedArchive(url=url, size=recorded.size, sha256=recorded.sha256)
