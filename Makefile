@@ -87,7 +87,7 @@ pr: lint test ## Everything a change must pass before it lands
 SOAK_MINUTES ?= 10
 
 bench: setup bench-packages ## Benchmark the restore, the checkpoint and the resume (nginx on loopback), imports, sweep, API calls, a container seed, a working day on the local stack
-	$(BIN)/python benchmarks/restore.py --sizes "1 GB" "300 MB"
+	$(BIN)/python benchmarks/restore.py --sizes "1 GB" "300 MB" --rates 50m none --rounds 5 --budget 780
 	$(BIN)/python benchmarks/checkpoint.py --sizes 1000 300
 	$(BIN)/python benchmarks/resume.py --sizes "300 MB" --pairs 6 --rates 50m none
 	$(BIN)/python benchmarks/imports.py
@@ -96,10 +96,11 @@ bench: setup bench-packages ## Benchmark the restore, the checkpoint and the res
 	$(BIN)/python benchmarks/container.py
 	$(BIN)/python benchmarks/soak.py --minutes $(SOAK_MINUTES)
 
-# nginx serves the benchmark's archives on loopback; curl is the baseline's downloader.
+# nginx serves the benchmark's archives on loopback; curl and aria2c are the baselines'
+# downloaders.
 .PHONY: bench bench-packages
 bench-packages:
-	$(call apt-packages,nginx:nginx curl:curl zstd:zstd)
+	$(call apt-packages,nginx:nginx curl:curl aria2c:aria2 zstd:zstd)
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,11 +1,11 @@
 """The checkpoint benchmark (`make bench`): our checkpoint against `tar --zstd | curl -T -`.
 
-The trees are the restore benchmark's synthetic repository (its generator and its cached
-archives): the layout and per-file sizes of its 300 MB tree, grown by file count, so the
-300 MB tree is the restore benchmark's own and the 1 GB one has about 67,000 files. Each
-run starts from a fresh journaled ext4 (a loop-mounted image, as a Fargate task's disk is
-fresh and journaled; see LOCAL-AWS-NOTES) onto which the archive is extracted, untimed,
-as the restore leaves a checkout. Then, alternating within one run:
+The trees are the restore benchmark's snapshots (its generator and its cached archives: a
+repository with history and a node_modules-like deps tree, about 120,000 files at 300 MB
+and three times as many at 1 GB; other sizes scale the 300 MB one's file counts). Each run
+starts from a fresh journaled ext4 (a loop-mounted image, as a Fargate task's disk is fresh
+and journaled; see LOCAL-AWS-NOTES) onto which both archives are extracted, untimed, as the
+restore lays them out (the deps tree in the checkout). Then, alternating within one run:
 
 - ours: the supervisor's checkpoint, as a process of its own: an interpreter that imports
   the supervisor's modules and builds its clients, then `capture.freeze` (no sandbox:
@@ -69,9 +69,6 @@ BUCKET = "seedkeeper-bench"
 EXPIRES = 900
 DEFAULT_SIZES = (300, 1000)  # MB of archive, as the restore benchmark labels its sizes
 DEFAULT_PAIRS = 3
-# The restore benchmark's 300 MB tree: the per-file sizes every size here keeps.
-_PER_FILE = next(size for size in restore.SIZES if size.label == "300 MB")
-_PER_FILE_MB = 298.45  # what that tree's archive measures
 CAPTURE_TIMEOUT = 900.0
 UPLOAD_TIMEOUT = 60.0
 MB = restore.MB
@@ -146,15 +143,6 @@ BASELINE = (
     '| curl -sS --fail -T - -o /dev/null "$3"; '
     "status=$?; wait $!; exit $status"
 )
-
-
-def size_for(megabytes: int) -> restore.Size:
-    """The restore benchmark's 300 MB layout, its file count scaled to `megabytes`."""
-    label = "1 GB" if megabytes == 1000 else f"{megabytes} MB"
-    files = max(100, round(_PER_FILE.files * megabytes / _PER_FILE_MB))
-    if megabytes == 300:
-        files = _PER_FILE.files  # exactly the restore benchmark's tree (and cached archive)
-    return restore.Size(label, files, _PER_FILE.scale)
 
 
 # -- the servers ----------------------------------------------------------------------------
@@ -308,16 +296,14 @@ class Bench:
 
     @contextlib.contextmanager
     def prepared(self, case: restore.Input, name: str) -> Iterator[tuple[Path, Path]]:
-        """A fresh filesystem holding the checkout as the restore leaves it (the archive
+        """A fresh filesystem holding the checkout as the restore leaves it (the archives
         extracted, settled): (the filesystem's root, the run's own folder)."""
         folder = self.workdir / "checkpoint-runs" / name
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         try:
             with self.disks.fresh(folder, restore.capacity(case)) as root:
-                restore.run_checked(
-                    ["unsquashfs", "-q", "-n", "-d", str(root / "checkout"), str(case.archive)]
-                )
+                restore.unpack(case, root / "checkout")
                 (root / "state").mkdir(mode=0o711)  # the supervisor's state folder
                 if case.label not in self.checkout_bytes:
                     self.checkout_bytes[case.label] = _tree_bytes(root / "checkout")
@@ -504,14 +490,6 @@ class Result:
         }
 
 
-def spread(values: Sequence[float], digits: int = 2) -> str:
-    """Median (min-max)."""
-    return (
-        f"{statistics.median(values):.{digits}f} "
-        f"({min(values):.{digits}f}-{max(values):.{digits}f})"
-    )
-
-
 def report(
     console: Console, results: list[Result], bench: Bench, pairs: int, workdir: Path
 ) -> None:
@@ -541,9 +519,9 @@ def report(
             f"{result.checkout_bytes / MB:.1f}",
             f"{summary['median_baseline_s']:.2f}",
             f"{summary['median_ours_checkpoint_s']:.2f}",
-            spread(result.ratios("checkpoint_s")),
+            restore.spread(result.ratios("checkpoint_s")),
             f"{summary['median_ours_process_s']:.2f}",
-            spread(result.ratios("process_s")),
+            restore.spread(result.ratios("process_s")),
             f"{statistics.median(peaks):.1f} ({max(peaks):.1f})",
             f"{summary['ours_capture_mb']:.1f} / {summary['baseline_tar_zst_mb']:.1f}",
         )
@@ -636,7 +614,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         default=list(DEFAULT_SIZES),
         metavar="MB",
-        help="archive sizes in MB (300: the restore benchmark's tree; others scale its files)",
+        help="snapshot sizes in MB (the restore benchmark's: 300, 1000, 100; others scale "
+        "the 300 MB one's file counts)",
     )
     parser.add_argument(
         "--pairs",
@@ -671,7 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     disks = restore.Disks()
     try:
         inputs = [
-            restore.build_input(size_for(megabytes), workdir, console)
+            restore.build_input(restore.size_of(megabytes), workdir, console)
             for megabytes in options.sizes
         ]
         sink.start()

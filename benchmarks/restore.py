@@ -1,45 +1,81 @@
-"""The restore benchmark (`make bench`): our slot task's restore against the plain baseline.
+"""The restore benchmark (`make bench`): our slot task's restore against curl and aria2c.
 
-A synthetic git repository (deterministic, at least 20,000 files) is archived at two sizes
-with the project's own `build_squashfs` (zstd) and `measure`, and served by nginx on
-loopback, so ranged GETs run at page-cache speed. Then, alternating within one run:
+Both baselines do the same work as the task, on an R2-like capped link and on unlimited
+loopback.
 
-- ours: the real slot task (`python -m seedkeeper_task.supervisor`) started as the local runtime
+Inputs, generated once per size (deterministic: the same trees and commit every time) and
+cached in the work dir: a snapshot of two archives, built with the project's own
+`build_squashfs` (zstd) and `measure`, whose sizes add up to the size's label:
+
+- the checkout: a repository with history. A synthetic source tree committed over 300
+  commits by `git fast-import` (most files in the first; each later one adds a few files and
+  makes small edits to a few, so the pack holds deltas), an `origin` remote, repacked into
+  one pack (`git repack -a -d`) and checked out as a clone is, plus a few ignored build
+  outputs.
+- the deps: a node_modules-like tree (packages as folders with package.json, README.md,
+  LICENSE, index.js, lib/**/*.js, some .d.ts and .js.map, nested node_modules, a .bin of
+  links; file sizes lognormal, median about 2 KB), recorded as the snapshot's deps archive
+  and restored by the task at the plan's deps path (`node_modules`, ignored by the
+  checkout's .gitignore).
+
+About 120,000 files at "300 MB" (20,000 in the checkout, 100,000 in the deps); a larger
+size holds more files, not only bigger ones: "1 GB" has three times as many.
+
+Then, per link and size, in rounds whose order rotates (each method first in turn, and
+over six rounds every order), each run into a fresh journaled ext4 of its own:
+
+- ours: the real slot task (`python -m seedkeeper_task`) started as the local runtime
   starts it, against a moto lifecycle table holding a record born for it. As in a
   deployment its plan carries no URL: it starts at the real checkpoint function (served in
   this process by the local function-URL gateway, `POST /tasks/start` signed with the
-  task's keys), which answers a presigned GET of the archive's R2 key pointing at the same
-  nginx (path-style, `/<bucket>/<key>`, laid out as a link to the archive). Then it
-  downloads, verifies, extracts, fixes up, writes its marker and settles. Timed as the
-  task records it (`result.ms`, `result.steps`: its restore, the start call not included)
-  and as its whole process (interpreter start, imports and the start call included: each
-  is part of what a task costs). Its sandbox command writes the task's peak RSS (VmHWM)
-  and exits.
-- the baseline: `curl -o`, `sha256sum` (the task verifies what it downloads), `unsquashfs -d`
-  with the task's own flags (the same bounded caches) and `git checkout -B`, each a
+  task's keys), which answers presigned GETs of the archives' R2 keys pointing at nginx
+  (path-style, `/<bucket>/<key>`, laid out as links to the archives). Then it downloads,
+  verifies, extracts both, fixes up, writes its marker and settles. Timed as its whole
+  process (spawn to reap: interpreter start, imports and the start call are part of what
+  a task costs) and as the task records its restore (`result.ms`, `result.steps`). Its
+  sandbox command writes the task's peak RSS (VmHWM) and exits.
+- curl: `curl -s -f -o` of both archives (one call), `sha256sum` of both (the task
+  verifies too; the digests checked), `unsquashfs` with the task's own flags (the same
+  bounded caches) of the checkout into `checkout/` and of the deps into
+  `checkout/node_modules`, `git checkout -q -B main <commit>` (HEAD checked); each a
   subprocess.
+- aria2c: the same with `aria2c -x4 -s4` (4 connections per archive, both archives at
+  once from one input file) in curl's place.
 
-Both read the same archive through the same nginx from the same warm page cache, and each
-run writes into a fresh journaled ext4 of its own (a loop-mounted sparse image, made before
-the run and removed whole after it: as root; otherwise the work dir, and the report says
-so). This machine's root filesystem is ext4 without a journal, where creating files right
-after deleting many is quadratic: a tree deleted there before a timed run added seconds of
-kernel time to both sides. The disk is synced before every timed run and the order of the
-two alternates, so neither inherits the other's writeback. It reports medians and
-ratios, and whether the targets are met; it never fails on a target (exit 1 only when the
-benchmark itself breaks, such as a restore that does not seed). Inputs are cached in the
-work dir (default `$TMPDIR/seedkeeper-bench`), and the figures are written there as JSON.
+The link: nginx on loopback serves the archives from the page cache, once per `--rates`
+entry. With a `limit_rate` per connection it stands in for R2: 50 MiB/s per connection
+(the default, "50m") is our assumption for one HTTPS stream from R2 to a task in an AWS
+region, not a measurement. A single TCP stream across the internet is held to its window
+over the round trip, which a few ranges at once multiply: that is what a per-connection
+cap models, and why aria2c is a baseline. Nothing caps the connections' sum here, as a
+task's network interface would somewhere above it. "none" is unlimited loopback, where a
+stream is nearly free and the download's parallelism buys little.
+
+The disk: each run writes into a fresh journaled ext4 (a loop-mounted sparse image, made
+before the run and removed whole after it: as root; otherwise the work dir, and the report
+says so). This machine's root filesystem is ext4 without a journal, where creating files
+right after deleting many is quadratic: a tree deleted there before a timed run added
+seconds of kernel time to every side. The disk is synced before every timed run.
+
+It reports, per link and size, medians and paired ratios (each of ours' runs against the
+baselines of its round, as median (min-max)), where the time goes, and whether the targets
+are met. It never fails on a target (exit 1 only when the benchmark itself breaks, such as
+a restore that does not seed). Inputs are cached in the work dir (default
+`$TMPDIR/seedkeeper-bench`), and every run's figures are written there as
+restore-results.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import itertools
 import json
+import math
 import os
 import random
-import resource
+import re
 import secrets
 import shlex
 import shutil
@@ -54,9 +90,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import boto3
 from rich.console import Console
@@ -66,7 +103,7 @@ from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding, OwnerClaim, SeedIdentity
 from seedkeeper.domain.opwindow import OpRef
-from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
+from seedkeeper.domain.plan import DEPS_PATH, PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.record import SeedSucceeded, SlotRecord, State, Supported
 from seedkeeper.domain.snapshots import Archive, NewSnapshot
 from seedkeeper.services.rotation import Snapshots
@@ -79,7 +116,7 @@ from seedkeeper_tools.local.gateway import FunctionUrlGateway, LocalCredentials
 from seedkeeper_tools.local.motoserver import AtomicMotoServer
 from seedkeeper_tools.publish import build_squashfs, measure
 
-GENERATOR_VERSION = 3  # bump when the generator changes: cached inputs are rebuilt
+GENERATOR_VERSION = 4  # bump when the generator changes: cached inputs are rebuilt
 SEED = 20_240_601
 MB = 1_000_000
 TABLE = "seedkeeper-bench"
@@ -87,51 +124,102 @@ BUCKET = "seedkeeper-bench"  # the R2 bucket the checkpoint function presigns fo
 REGION = "us-east-1"
 REF = "main"
 ORIGIN = "https://git.example.com/bench/synthetic.git"
-RATIO_TARGET = 1.05
+# Targets (issue 17), each on the paired median of the whole process against a baseline.
+CAPPED_CURL_TARGET = 0.5
+CAPPED_ARIA2C_TARGET = 0.8
+UNLIMITED_ARIA2C_TARGET = 1.0
 RSS_TARGET_MB = 150.0
 # "Not growing with size": the larger archive's peak is within this of the smaller's.
 RSS_FLAT_MB = 10.0
 RUN_TIMEOUT = 900.0
-MIN_REPEATS = 3
+MIN_ROUNDS = 3
+DEFAULT_RATES = ("50m", "none")
+UNLIMITED = "none"
+BASELINES = ("curl", "aria2c")
+METHODS = ("ours", *BASELINES)
+# The commands every run needs, and the Debian packages holding them.
+TOOLS = {
+    "git": "git",
+    "mksquashfs": "squashfs-tools",
+    "unsquashfs": "squashfs-tools",
+    "sha256sum": "coreutils",
+    "curl": "curl",
+    "aria2c": "aria2",
+}
 FAKE_AWS = {
     "AWS_ACCESS_KEY_ID": "bench",
     "AWS_SECRET_ACCESS_KEY": "bench",
     "AWS_DEFAULT_REGION": REGION,
     "AWS_EC2_METADATA_DISABLED": "true",
 }
-# Fixed identities and dates: the same inputs give the same commit.
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "Bench",
-    "GIT_AUTHOR_EMAIL": "bench@example.com",
-    "GIT_AUTHOR_DATE": "2024-06-01T00:00:00Z",
-    "GIT_COMMITTER_NAME": "Bench",
-    "GIT_COMMITTER_EMAIL": "bench@example.com",
-    "GIT_COMMITTER_DATE": "2024-06-01T00:00:00Z",
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": os.devnull,
-}
+# No developer's git configuration while generating: the same inputs give the same commit.
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+HISTORY_START = 1_717_200_000  # 2024-06-01: the first commit's date; one hour per commit
 
 
 @dataclass(frozen=True)
 class Size:
     label: str
-    files: int  # tracked files; a few ignored files and symlinks come on top
+    checkout_files: int  # tracked at the head commit; a few ignored outputs come on top
+    deps_files: int  # in the deps tree, about (whole packages)
     scale: float  # multiplies every file's size
+    commits: int = 300
+
+    @property
+    def megabytes(self) -> int:
+        number, unit = self.label.split()
+        return int(number) * (1000 if unit == "GB" else 1)
 
     @property
     def key(self) -> str:
-        return f"v{GENERATOR_VERSION}-{self.files}-{self.scale:g}"
+        return (
+            f"v{GENERATOR_VERSION}-{self.checkout_files}-{self.deps_files}-{self.scale:g}"
+            f"-{self.commits}"
+        )
 
 
-# The same layout (names, kinds, relative sizes) at every size: only the bytes scale.
-SIZES = (Size("1 GB", 20_000, 2.16), Size("300 MB", 20_000, 0.62), Size("100 MB", 20_000, 0.19))
+# Their archives add up to about the label. "1 GB" holds 3x the files of "300 MB", each
+# 11% bigger: file creation grows with the size, as it does in real trees.
+SIZES = (
+    Size("1 GB", 60_000, 300_000, 1.11),
+    Size("300 MB", 20_000, 100_000, 1.0),
+    Size("100 MB", 6_700, 33_000, 1.0),
+)
+_SIZE_LABEL = re.compile(r"\s*([1-9][0-9]*)\s*(MB|GB)\s*", re.IGNORECASE)
+
+
+def size_of(megabytes: int) -> Size:
+    """The size of that many MB: one of SIZES, else the "300 MB" layout with its file
+    counts scaled (the files' own sizes kept)."""
+    for size in SIZES:
+        if size.megabytes == megabytes:
+            return size
+    base = next(size for size in SIZES if size.label == "300 MB")
+    factor = megabytes / base.megabytes
+    label = f"{megabytes // 1000} GB" if megabytes % 1000 == 0 else f"{megabytes} MB"
+    return Size(
+        label,
+        max(100, round(base.checkout_files * factor)),
+        max(100, round(base.deps_files * factor)),
+        base.scale,
+        base.commits,
+    )
+
+
+def size_for(label: str) -> Size:
+    """A size from its label, "300 MB" or "1 GB" (argparse's type)."""
+    matched = _SIZE_LABEL.fullmatch(label)
+    if matched is None:
+        raise argparse.ArgumentTypeError(f"{label!r}: a size is like '300 MB' or '1 GB'")
+    unit = 1000 if matched.group(2).upper() == "GB" else 1
+    return size_of(int(matched.group(1)) * unit)
 
 
 class BenchError(Exception):
     """The benchmark could not measure (not a missed target)."""
 
 
-# -- the synthetic repository -------------------------------------------------------------
+# -- the synthetic trees --------------------------------------------------------------------
 
 _SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"] + ["ing", "er", "ex", "on"]
 _KEYWORDS = [
@@ -171,6 +259,26 @@ _KEYWORDS = [
 _PUNCTUATION = "=+-*/<>(),.:[]{}"
 _CODE = (".py", ".ts", ".go", ".rs", ".java", ".c")
 _ASSETS = (".png", ".woff2", ".jar", ".gz")
+_TEXT = ("code", "prose", "data")
+_BASE64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+_LICENSE = """MIT License
+
+Copyright (c) {year} {author}
+
+Permission is hereby granted, free of charge, to any person obtaining a copy
+of this software and associated documentation files (the "Software"), to deal
+in the Software without restriction, including without limitation the rights
+to use, copy, modify, merge, publish, distribute, sublicense, and/or sell
+copies of the Software, and to permit persons to whom the Software is
+furnished to do so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all
+copies or substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT.
+"""
 
 
 def _vocabulary(rng: random.Random, count: int) -> list[str]:
@@ -239,6 +347,33 @@ def _data_lines(rng: random.Random, words: list[str], count: int) -> list[str]:
     return lines
 
 
+def _type_lines(rng: random.Random, words: list[str], count: int) -> list[str]:
+    """TypeScript declarations, as a package's .d.ts files hold."""
+    types = ("string", "number", "boolean", "void", "unknown", "Buffer", "Promise<void>")
+    lines: list[str] = []
+    for _ in range(count):
+        name, argument = rng.choices(words, k=2)
+        kind = rng.random()
+        if kind < 0.5:
+            lines.append(
+                f"export declare function {name}({argument}: {rng.choice(types)}, options?: "
+                f"{name.capitalize()}Options): {rng.choice(types)};"
+            )
+        elif kind < 0.8:
+            lines.append(f"    {argument}{rng.choice(('', '?'))}: {rng.choice(types)};")
+        else:
+            lines.append(f"export interface {name.capitalize()}Options {{")
+    return lines
+
+
+def _map_segments(rng: random.Random, count: int) -> list[str]:
+    """Source-map `mappings` segments (base64 VLQ-like)."""
+    return [
+        "".join(rng.choices(_BASE64[:32], k=rng.randint(4, 8))) + rng.choice((",", ",", ",", ";"))
+        for _ in range(count)
+    ]
+
+
 def _directories(rng: random.Random, words: list[str], count: int) -> list[PurePosixPath]:
     tops = ("src", "lib", "tests", "docs", "tools", "vendor", "assets", "config")
     found = [PurePosixPath(top) for top in tops]
@@ -251,9 +386,70 @@ def _directories(rng: random.Random, words: list[str], count: int) -> list[PureP
     return found
 
 
-def generate(root: Path, size: Size) -> int:
-    """Write the working tree (deterministic); answer its size in bytes. Layout and sizes
-    come from one random stream, content from another, so both sizes share one layout."""
+def _joined(lines: list[str]) -> bytes:
+    return ("\n".join(lines) + "\n").encode()
+
+
+@dataclass(frozen=True)
+class _Tracked:
+    """A file of the checkout's head commit, in the order the history adds them."""
+
+    path: str
+    kind: str  # one of _TEXT, "binary" or "link"
+    length: int  # bytes wanted (a link: its target)
+    mode: str  # git's: 100644, 100755 or 120000
+
+
+def _tracked_files(layout: random.Random, words: list[str], size: Size) -> list[_Tracked]:
+    directories = _directories(layout, words, max(8, size.checkout_files // 16))
+    tracked: list[_Tracked] = []
+    for index in range(size.checkout_files):
+        folder = layout.choice(directories)
+        top = folder.parts[0]
+        stem = f"{layout.choice(words)}_{index}"
+        if layout.random() < (0.25 if top == "assets" else 0.015):
+            name, kind, mode = stem + layout.choice(_ASSETS), "binary", "100644"
+            length = int(min(8 * MB, layout.lognormvariate(9.1, 1.0)) * size.scale)
+        else:
+            kind = {"docs": "prose", "config": "data"}.get(top, "code")
+            executable = top == "tools" and layout.random() < 0.5
+            extension = {"prose": ".md", "data": ".json"}.get(kind, layout.choice(_CODE))
+            name = stem + (".sh" if executable else extension)
+            mode = "100755" if executable else "100644"
+            length = int(min(2 * MB, layout.lognormvariate(7.9, 1.0)) * size.scale)
+        tracked.append(_Tracked(str(folder / name), kind, max(1, length), mode))
+        if index % 500 == 250:  # a relative link to a sibling, as repositories have a few
+            link = PurePosixPath(tracked[-1].path).parent / f"link_{index}"
+            tracked.append(_Tracked(str(link), "link", 0, "120000"))
+    return tracked
+
+
+def _history(
+    layout: random.Random, tracked: list[_Tracked], commits: int
+) -> list[tuple[range, list[int]]]:
+    """Per commit: (the files it adds, the text files it edits). The first adds 80%; each
+    later one adds a few and edits one to six, half of them among 200 often-edited ones."""
+    base = len(tracked) * 4 // 5
+    later = len(tracked) - base
+    text = [index for index in range(base) if tracked[index].kind in _TEXT]
+    often = layout.sample(text, k=min(200, len(text)))
+    plan: list[tuple[range, list[int]]] = [(range(base), [])]
+    for number in range(1, commits):
+        added = range(
+            base + later * (number - 1) // (commits - 1), base + later * number // (commits - 1)
+        )
+        edits = {
+            layout.choice(often if layout.random() < 0.5 else text)
+            for _ in range(layout.randint(1, 6))
+        }
+        plan.append((added, sorted(edits)))
+        text.extend(index for index in added if tracked[index].kind in _TEXT)
+    return plan
+
+
+def generate_checkout(repo: Path, size: Size) -> str:
+    """The repository with its history (deterministic), checked out: answers its head.
+    Layout and history come from one random stream, content from another."""
     layout = random.Random(SEED)  # noqa: S311 - reproducible test data, not secrets
     content = random.Random(SEED + 1)  # noqa: S311
     words = _vocabulary(layout, 3000)
@@ -262,50 +458,205 @@ def generate(root: Path, size: Size) -> int:
         "prose": _prose_lines(layout, words, 20_000),
         "data": _data_lines(layout, words, 20_000),
     }
-    directories = _directories(layout, words, max(8, size.files // 16))
-    written = 0
-    placed: list[PurePosixPath] = []
-    for index in range(size.files):
-        folder = layout.choice(directories)
-        top = folder.parts[0]
-        binary = layout.random() < (0.25 if top == "assets" else 0.015)
-        stem = f"{layout.choice(words)}_{index}"
-        if binary:
-            name = stem + layout.choice(_ASSETS)
-            count = int(min(8 * MB, layout.lognormvariate(10.5, 1.0)) * size.scale)
-        else:
-            kind = {"docs": "prose", "config": "data"}.get(top, "code")
-            ext = {"prose": ".md", "data": ".json"}.get(kind, layout.choice(_CODE))
-            executable = top == "tools" and layout.random() < 0.5
-            name = stem + (".sh" if executable else ext)
-            count = int(min(2 * MB, layout.lognormvariate(9.2, 1.0)) * size.scale)
-        path = root / folder / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if binary:
-            data = content.randbytes(max(1, count))
-        else:
-            lines = content.choices(pools[kind], k=max(1, count // 38))
-            data = ("\n".join(lines) + "\n").encode()
-            if name.endswith(".sh"):
-                data = b"#!/bin/sh\n" + data
-        path.write_bytes(data)
-        if name.endswith(".sh"):
-            path.chmod(0o755)
-        written += len(data)
-        placed.append(folder / name)
-    for index in range(40):  # relative symlinks to a sibling, as repositories have a few
-        target = layout.choice(placed)
-        link = root / target.parent / f"link_{index}"
-        if not os.path.lexists(link):
-            link.symlink_to(target.name)
-    (root / ".gitignore").write_text("build/\n*.log\n")
-    build = root / "build"
+    tracked = _tracked_files(layout, words, size)
+    history = _history(layout, tracked, size.commits)
+    messages = [" ".join(layout.choices(words, k=5)).capitalize() for _ in history]
+    _git(repo, "init", "-q", "-b", REF)
+    importer = subprocess.Popen(
+        ["git", "-C", str(repo), "fast-import", "--quiet", "--done"],
+        stdin=subprocess.PIPE,
+        env=os.environ | GIT_ENV,
+    )
+    assert importer.stdin is not None
+    try:
+        _History(importer.stdin, content, pools).write(tracked, history, messages)
+    finally:
+        importer.stdin.close()
+        if importer.wait() != 0:
+            raise BenchError(f"git fast-import exited {importer.returncode}")
+    _git(repo, "checkout", "-q", "-f", REF)  # the index and the work tree
+    _git(repo, "remote", "add", "origin", ORIGIN)  # a clone's remote and its branch
+    _git(repo, "update-ref", f"refs/remotes/origin/{REF}", "HEAD")
+    _git(repo, "repack", "-a", "-d", "-q")  # one pack, as a clone has
+    _git(repo, "pack-refs", "--all")
+    build = repo / "build"
     build.mkdir()
     for index in range(20):  # ignored build output: archived, never tracked
-        data = "\n".join(content.choices(pools["code"], k=200)).encode()
-        (build / f"out_{index}.o").write_bytes(data)
-        written += len(data)
-    return written
+        (build / f"out_{index}.o").write_bytes(_joined(content.choices(pools["code"], k=200)))
+    return _git(repo, "rev-parse", "HEAD")
+
+
+@dataclass
+class _History:
+    """The history as a `git fast-import` stream, each file's content inline."""
+
+    stream: IO[bytes]
+    content: random.Random
+    pools: dict[str, list[str]]
+
+    def write(
+        self, tracked: list[_Tracked], history: list[tuple[range, list[int]]], messages: list[str]
+    ) -> None:
+        edited = {index for _, edits in history for index in edits}
+        kept: dict[int, list[str]] = {}  # the lines of the files edited later
+        for number, ((added, edits), message) in enumerate(zip(history, messages, strict=True)):
+            self.stream.write(b"commit refs/heads/%s\n" % REF.encode())
+            when = HISTORY_START + 3600 * number
+            for role in (b"author", b"committer"):
+                self.stream.write(b"%s Bench <bench@example.com> %d +0000\n" % (role, when))
+            self._data(message.encode())
+            if number == 0:
+                self._file(".gitignore", "100644", f"build/\n*.log\n/{DEPS_PATH}/\n".encode())
+            for index in added:
+                entry = tracked[index]
+                if entry.kind == "link":  # to the file before it, its sibling
+                    body = PurePosixPath(tracked[index - 1].path).name.encode()
+                elif entry.kind == "binary":
+                    body = self.content.randbytes(entry.length)
+                else:
+                    lines = self.content.choices(self.pools[entry.kind], k=entry.length // 38 + 1)
+                    if index in edited:
+                        kept[index] = lines
+                    body = self._text(entry, lines)
+                self._file(entry.path, entry.mode, body)
+            for index in edits:  # a few lines replaced or added, somewhere in the file
+                entry, lines = tracked[index], kept[index]
+                at = self.content.randrange(len(lines) + 1)
+                lines[at : at + self.content.randint(0, 3)] = self.content.choices(
+                    self.pools[entry.kind], k=self.content.randint(1, 6)
+                )
+                self._file(entry.path, entry.mode, self._text(entry, lines))
+        self.stream.write(b"done\n")
+
+    def _file(self, path: str, mode: str, body: bytes) -> None:
+        self.stream.write(f"M {mode} inline {path}\n".encode())
+        self._data(body)
+
+    def _data(self, body: bytes) -> None:
+        self.stream.write(b"data %d\n%s\n" % (len(body), body))
+
+    @staticmethod
+    def _text(entry: _Tracked, lines: list[str]) -> bytes:
+        body = _joined(lines)
+        return b"#!/bin/sh\n" + body if entry.mode == "100755" else body
+
+
+def generate_deps(root: Path, size: Size) -> str:
+    """A node_modules-like tree (deterministic) in `root`: answers its lockfile's hash."""
+    tree = _DepsTree(root, size.scale)
+    words = tree.words
+    packages: list[PurePosixPath] = []
+    locked: dict[str, dict[str, str]] = {}
+    while tree.files < size.deps_files:
+        layout = tree.layout
+        name = "-".join(layout.choices(words, k=layout.randint(1, 2)))
+        if layout.random() < 0.12:
+            name = f"@{layout.choice(words)}/{name}"
+        nested = bool(packages) and layout.random() < 0.15  # another version, under a dependent
+        package = (layout.choice(packages) / "node_modules" if nested else PurePosixPath()) / name
+        if str(package) in locked:
+            continue
+        packages.append(package)
+        locked[str(package)] = tree.package(package, name, command=not nested)
+    lockfile = json.dumps({"lockfileVersion": 3, "packages": locked}, indent=2).encode()
+    tree.write(PurePosixPath(".package-lock.json"), lockfile)
+    return hashlib.sha256(lockfile).hexdigest()
+
+
+class _DepsTree:
+    """Writes packages as npm lays them out; layout (names, counts, sizes) from one random
+    stream, content from another."""
+
+    def __init__(self, root: Path, scale: float) -> None:
+        self.root = root
+        self.scale = scale
+        self.layout = random.Random(SEED + 2)  # noqa: S311 - reproducible test data
+        self.content = random.Random(SEED + 3)  # noqa: S311
+        self.words = _vocabulary(self.layout, 4000)
+        self.pools = {
+            "code": _code_lines(self.layout, self.words, 30_000),
+            "prose": _prose_lines(self.layout, self.words, 10_000),
+            "types": _type_lines(self.layout, self.words, 10_000),
+            "map": _map_segments(self.layout, 20_000),
+        }
+        self.files = 0
+        self._made: set[Path] = set()
+
+    def package(self, package: PurePosixPath, name: str, *, command: bool) -> dict[str, str]:
+        """Write one package (about 16 files, lognormal); answer its lockfile entry."""
+        layout, words = self.layout, self.words
+        version = f"{layout.randint(0, 12)}.{layout.randint(0, 30)}.{layout.randint(0, 20)}"
+        manifest = {
+            "name": name,
+            "version": version,
+            "description": " ".join(layout.choices(words, k=8)),
+            "main": "index.js",
+            "license": "MIT",
+            "dependencies": {
+                layout.choice(words): f"^{layout.randint(0, 9)}.{layout.randint(0, 9)}.0"
+                for _ in range(layout.randint(0, 6))
+            },
+        }
+        author = " ".join(layout.choices(words, k=2))
+        self.write(package / "package.json", json.dumps(manifest, indent=2).encode())
+        self.write(package / "README.md", self._lines("prose", 3000))
+        self.write(
+            package / "LICENSE",
+            _LICENSE.format(year=layout.randint(2012, 2024), author=author).encode(),
+        )
+        self.write(package / "index.js", self._lines("code", 800))
+        count = max(4, min(3000, int(layout.lognormvariate(math.log(16), 1.3))))
+        typed, mapped = layout.random() < 0.3, layout.random() < 0.2
+        folders = [PurePosixPath("lib")]
+        for _ in range(int(math.log2(count))):
+            folders.append(layout.choice(folders) / layout.choice(words))
+        sources: set[PurePosixPath] = set()
+        while len(sources) < count - 4:
+            source = package / layout.choice(folders) / f"{layout.choice(words)}.js"
+            if source in sources:
+                continue
+            sources.add(source)
+            self.write(source, self._lines("code", 2000))
+            if typed:
+                self.write(source.with_suffix(".d.ts"), self._lines("types", 600))
+            if mapped:
+                segments = self.content.choices(self.pools["map"], k=self._length(3000) // 6 + 1)
+                mappings = "".join(segments)
+                self.write(
+                    PurePosixPath(f"{source}.map"),
+                    f'{{"version":3,"mappings":"{mappings}"}}'.encode(),
+                )
+        if command and layout.random() < 0.08:  # bin/cli.js, linked from .bin
+            self.write(package / "bin" / "cli.js", self._lines("code", 400), mode=0o755)
+            link = self.root / ".bin" / name.rsplit("/", 1)[-1]
+            if not os.path.lexists(link):
+                link.parent.mkdir(exist_ok=True)
+                link.symlink_to(f"../{package}/bin/cli.js")
+                self.files += 1
+        integrity = "".join(self.content.choices(_BASE64, k=86))
+        return {
+            "version": version,
+            "resolved": f"https://registry.npmjs.org/{name}/-/{name}-{version}.tgz",
+            "integrity": f"sha512-{integrity}==",
+        }
+
+    def write(self, relative: PurePosixPath, body: bytes, *, mode: int = 0o644) -> None:
+        path = self.root / relative
+        if path.parent not in self._made:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._made.add(path.parent)
+        path.write_bytes(body)
+        if mode != 0o644:
+            path.chmod(mode)
+        self.files += 1
+
+    def _length(self, median: float) -> int:
+        """A file's size: lognormal around `median` bytes, scaled."""
+        drawn = min(512_000.0, self.layout.lognormvariate(math.log(median), 1.1))
+        return int(drawn * self.scale)
+
+    def _lines(self, kind: str, median: float) -> bytes:
+        return _joined(self.content.choices(self.pools[kind], k=self._length(median) // 40 + 1))
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -320,73 +671,143 @@ def _git(repo: Path, *args: str) -> str:
 
 
 @dataclass(frozen=True)
-class Input:
-    label: str
-    files: int  # working-tree files (regular and symlinks), .git excluded
+class Archived:
+    """One archive of a snapshot, built and measured."""
+
+    path: Path
+    files: int  # regular files and links (a checkout's .git excluded)
     entries: int  # everything in the archive
-    raw_bytes: int  # the working tree's bytes, .git excluded
-    commit: str
-    archive: Path
+    raw_bytes: int  # the files' bytes (a checkout's .git excluded)
     size: int
     sha256: str
 
+    @property
+    def backup_id(self) -> str:
+        return self.path.stem
+
+    @property
+    def archive(self) -> Archive:
+        return Archive(backup_id=self.backup_id, size=self.size, sha256=self.sha256)
+
+
+@dataclass(frozen=True)
+class Input:
+    """A size's snapshot: its checkout and deps archives."""
+
+    label: str
+    commit: str
+    commits: int
+    lockfile_hash: str
+    checkout: Archived
+    deps: Archived
+
+    @property
+    def archives(self) -> tuple[Archived, Archived]:
+        return self.checkout, self.deps
+
+    @property
+    def files(self) -> int:
+        return self.checkout.files + self.deps.files
+
+    @property
+    def entries(self) -> int:
+        return self.checkout.entries + self.deps.entries
+
+    @property
+    def raw_bytes(self) -> int:
+        return self.checkout.raw_bytes + self.deps.raw_bytes
+
+    @property
+    def size(self) -> int:
+        return self.checkout.size + self.deps.size
+
 
 def build_input(size: Size, workdir: Path, console: Console) -> Input:
-    """The archive for `size`, built once and cached in the work dir."""
+    """The snapshot's archives for `size`, built once and cached in the work dir."""
     archives = workdir / "archives"
     archives.mkdir(parents=True, exist_ok=True)
     archives.chmod(0o755)  # nginx's workers read it as an unprivileged user
-    archive = archives / f"synthetic-{size.key}.sqsh"
-    meta_path = archives / f"synthetic-{size.key}.json"
-    if archive.exists() and meta_path.exists():
-        meta = json.loads(meta_path.read_text())
-        if meta.get("size") == archive.stat().st_size:
-            console.print(f"[dim]{size.label}: cached archive {archive}[/dim]")
-            return _input_from(size, archive, meta)
-    console.print(f"{size.label}: generating {size.files} files (once; cached in {archives})")
+    paths = {kind: archives / f"{kind}-{size.key}.sqsh" for kind in ("checkout", "deps")}
+    meta_path = archives / f"snapshot-{size.key}.json"
+    if meta_path.exists():
+        cached = json.loads(meta_path.read_text())
+        if all(
+            path.exists() and cached[kind]["size"] == path.stat().st_size
+            for kind, path in paths.items()
+        ):
+            console.print(f"[dim]{size.label}: cached archives in {archives}[/dim]")
+            return _input_from(size, paths, cached)
+    console.print(
+        f"{size.label}: generating {size.checkout_files:,} tracked files over {size.commits} "
+        f"commits and {size.deps_files:,} deps files (once; cached in {archives})"
+    )
     started = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix="generate-", dir=workdir))
+    meta: dict[str, Any] = {}
     try:
-        repo = scratch / "synthetic"
+        repo, deps = scratch / "synthetic", scratch / "node_modules"
         repo.mkdir()
-        raw = generate(repo, size)
-        _git(repo, "init", "-q", "-b", REF)
-        _git(repo, "add", "-A")
-        _git(repo, "commit", "-q", "-m", "A synthetic repository for the restore benchmark")
-        _git(repo, "repack", "-a", "-d", "-q", "--window=0")  # one pack, as a clone has
-        commit = _git(repo, "rev-parse", "HEAD")
-        files = entries = 0
-        for folder, directories, names in os.walk(repo):
-            entries += len(directories) + len(names)
-            if Path(folder).relative_to(repo).parts[:1] != (".git",):
-                files += len(names)  # symlinks to files are listed with the files
-        staged = scratch / "archive.sqsh"
-        build_squashfs(repo, staged)
-        staged.chmod(0o644)
-        staged.replace(archive)
+        deps.mkdir()
+        meta["commit"] = generate_checkout(repo, size)
+        # mksquashfs archives the checkout while this process writes the deps tree.
+        with ThreadPoolExecutor(max_workers=1) as background:
+            archived = background.submit(_archive, repo, paths["checkout"])
+            meta["lockfile_hash"] = generate_deps(deps, size)
+            meta["checkout"] = archived.result()
+        meta["deps"] = _archive(deps, paths["deps"])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    archive_size, _ = measure(archive)
-    meta = {"files": files, "entries": entries, "raw_bytes": raw, "commit": commit}
-    meta_path.write_text(json.dumps(meta | {"size": archive_size}, indent=2))
+    meta_path.write_text(json.dumps(meta, indent=2))
+    case = _input_from(size, paths, meta)
     console.print(
-        f"{size.label}: {files} files, {raw / MB:.0f} MB raw, archive "
-        f"{archive_size / MB:.0f} MB, built in {time.monotonic() - started:.0f} s"
+        f"{size.label}: checkout {case.checkout.files:,} files, {case.checkout.size / MB:.0f} "
+        f"MB; deps {case.deps.files:,} files, {case.deps.size / MB:.0f} MB; built in "
+        f"{time.monotonic() - started:.0f} s"
     )
-    return _input_from(size, archive, meta)
+    return case
 
 
-def _input_from(size: Size, archive: Path, meta: dict[str, Any]) -> Input:
-    measured_size, sha256 = measure(archive)  # also warms the page cache nginx serves from
+def _archive(tree: Path, archive: Path) -> dict[str, int]:
+    """`tree` archived (staged beside it, then renamed into place): its facts."""
+    staged = tree.with_suffix(".sqsh")
+    build_squashfs(tree, staged)
+    staged.chmod(0o644)
+    staged.replace(archive)
+    return _counted(tree) | {"size": archive.stat().st_size}
+
+
+def _counted(tree: Path) -> dict[str, int]:
+    """Files (links among them) and their bytes outside .git, and every entry."""
+    files = entries = raw = 0
+    for folder, directories, names in os.walk(tree):
+        entries += len(directories) + len(names)
+        if Path(folder).relative_to(tree).parts[:1] != (".git",):
+            files += len(names)  # links to folders are listed with the folders
+            raw += sum(os.lstat(os.path.join(folder, name)).st_size for name in names)
+    return {"files": files, "entries": entries, "raw_bytes": raw}
+
+
+def _input_from(size: Size, paths: dict[str, Path], meta: dict[str, Any]) -> Input:
+    archived = {}
+    for kind, path in paths.items():
+        # measure() also warms the page cache nginx serves from
+        measured_size, sha256 = measure(path)
+        facts = meta[kind]
+        archived[kind] = Archived(
+            path,
+            int(facts["files"]),
+            int(facts["entries"]),
+            int(facts["raw_bytes"]),
+            measured_size,
+            sha256,
+        )
     return Input(
         label=size.label,
-        files=int(meta["files"]),
-        entries=int(meta["entries"]),
-        raw_bytes=int(meta["raw_bytes"]),
         commit=str(meta["commit"]),
-        archive=archive,
-        size=measured_size,
-        sha256=sha256,
+        commits=size.commits,
+        lockfile_hash=str(meta["lockfile_hash"]),
+        checkout=archived["checkout"],
+        deps=archived["deps"],
     )
 
 
@@ -683,15 +1104,17 @@ class Bench:
         return folder
 
     def record(self, case: Input) -> None:
-        """The snapshot the task's seed names, and its archive where its grant points."""
-        serve_object(self.nginx.root, backup_key(case.archive.stem), case.archive)
-        archive = Archive(backup_id=case.archive.stem, size=case.size, sha256=case.sha256)
+        """The snapshot the task's seed names, and its archives where its grants point."""
+        for archived in case.archives:
+            serve_object(self.nginx.root, backup_key(archived.backup_id), archived.path)
         snapshot = NewSnapshot(
-            resource=case.archive.stem,
+            resource=case.checkout.backup_id,
             ref=REF,
             sha=case.commit,
             created_at=int(time.time()),
-            checkout=archive,
+            checkout=case.checkout.archive,
+            deps=case.deps.archive,
+            lockfile_hash=case.lockfile_hash,
         )
         Snapshots(self.snapshots, r2=None).record(snapshot)
 
@@ -722,10 +1145,11 @@ class Bench:
         """A record born for `case`'s seed at `now` and its incarnation recorded, as the
         local runtime leaves it before the task starts: (the record, its restore op)."""
         seed = SeedIdentity(
-            resource=case.archive.stem,
+            resource=case.checkout.backup_id,
             ref=REF,
             sha=case.commit,
-            checkout_backup_id=case.archive.stem,
+            checkout_backup_id=case.checkout.backup_id,
+            deps_backup_id=case.deps.backup_id,
         )
         owner = OwnerClaim(
             run=f"run-{slot}",
@@ -787,7 +1211,7 @@ class Bench:
         resumed: bool = False,
     ) -> SeedSucceeded:
         """The task's settled result, checked: exit 0, `seeded` with `case`'s commit (from
-        the checkpoint when `resumed`), and the checkout's HEAD on it."""
+        the checkpoint when `resumed`), the checkout's HEAD on it, the deps tree in place."""
         classified = self.lifecycle.read(slot)
         record = classified.record if isinstance(classified, Supported) else None
         result = record.result if record is not None else None
@@ -800,40 +1224,83 @@ class Bench:
             or result.resumed != resumed
             or result.head != case.commit
             or _head(checkout) != case.commit
+            or not (checkout / DEPS_PATH / ".package-lock.json").is_file()
         ):
             tail = (folder / "task.log").read_text(errors="replace")[-2000:]
             raise BenchError(f"{slot} did not seed (exit {timed.code}): {classified}\n{tail}")
         return result
 
-    def baseline(self, case: Input) -> BaselineRun:
-        """`curl -o`, `sha256sum` (the task verifies too), `unsquashfs` with the task's own
-        flags (the same bounded caches, the same strictness) and `git checkout -B`, each a
-        subprocess, into a fresh journaled filesystem; the digest and HEAD checked."""
-        folder = self.run_dir(f"baseline-{next(self.slots)}")
+    def baseline(self, case: Input, downloader: str = "curl") -> BaselineRun:
+        """`downloader` (curl or aria2c) fetching both archives, `sha256sum` (the task
+        verifies too), `unsquashfs` with the task's own flags (the same bounded caches, the
+        same strictness) of each, where the task puts it, and `git checkout -B`; each a
+        subprocess, into a fresh journaled filesystem; the digests and HEAD checked."""
+        folder = self.run_dir(f"{downloader}-{next(self.slots)}")
         steps: dict[str, float] = {}
         rss: dict[str, int] = {}
         with self.disks.fresh(folder, capacity(case)) as root:
-            archive, checkout = root / "archive.sqsh", root / "checkout"
+            checkout = root / "checkout"
             commands = {
-                "curl": ["curl", "-s", "-f", "-o", str(archive), self.nginx.url(case.archive)],
-                "sha256sum": ["sha256sum", str(archive)],
-                "unsquashfs": [*UNSQUASHFS_COMMAND, "-d", str(checkout), str(archive)],
-                "checkout": ["git", "-C", str(checkout), "checkout", "-q", "-B", REF, case.commit],
+                downloader: self._download(downloader, case, root, folder),
+                "sha256sum": ["sha256sum", *(str(root / a.path.name) for a in case.archives)],
             }
+            for kind, archived, target in (
+                ("checkout", case.checkout, checkout),
+                ("deps", case.deps, checkout / DEPS_PATH),
+            ):
+                archive = str(root / archived.path.name)
+                commands[f"unsquashfs {kind}"] = [*UNSQUASHFS_COMMAND, "-d", str(target), archive]
+            git = ["git", "-C", str(checkout)]
+            commands["git checkout"] = [*git, "checkout", "-q", "-B", REF, case.commit]
             _settle_disk()
             for name, argv in commands.items():
-                log = folder / f"{name}.log"
+                log = folder / f"{name.replace(' ', '-')}.log"
                 with log.open("wb") as output:
                     timed = timed_run(argv, env=self.environment, log=output)
                 if timed.code != 0:
                     tail = log.read_text(errors="replace")[-2000:]
                     raise BenchError(f"baseline {name} exited {timed.code}:\n{tail}")
                 steps[name], rss[name] = timed.seconds, timed.max_rss_kb
-            digest = (folder / "sha256sum.log").read_text().split()[:1]
-            if digest != [case.sha256] or _head(checkout) != case.commit:
-                raise BenchError("the baseline's archive or HEAD is not the snapshot's")
+            listed = (folder / "sha256sum.log").read_text().splitlines()
+            digests = [line.split()[0] for line in listed if line]
+            if digests != [archived.sha256 for archived in case.archives]:
+                raise BenchError(f"{downloader}: the archives' digests are not the snapshot's")
+            if _head(checkout) != case.commit:
+                raise BenchError(f"{downloader}: HEAD is not the snapshot's commit")
         shutil.rmtree(folder)
         return BaselineRun(total_s=sum(steps.values()), steps_s=steps, max_rss_kb=rss)
+
+    def _download(self, downloader: str, case: Input, root: Path, folder: Path) -> list[str]:
+        """The download's command: both archives into `root`, under their own names."""
+        if downloader == "curl":  # one stream at a time, one archive after the other
+            argv = ["curl", "-s", "-f"]
+            for archived in case.archives:
+                argv += ["-o", str(root / archived.path.name), self.nginx.url(archived.path)]
+            return argv
+        # Both at once, 4 connections each, every piece at least 1 MiB; the files written as
+        # they come (no preallocation), no configuration file read.
+        listing = folder / "aria2c.input"
+        listing.write_text(
+            "".join(
+                f"{self.nginx.url(archived.path)}\n  out={archived.path.name}\n"
+                for archived in case.archives
+            )
+        )
+        return [
+            "aria2c",
+            "--no-conf",
+            "-q",
+            "-x4",
+            "-s4",
+            "-k1M",
+            "--file-allocation=none",
+            "--allow-overwrite=true",
+            "--auto-file-renaming=false",
+            "-d",
+            str(root),
+            "-i",
+            str(listing),
+        ]
 
 
 def _settle_disk() -> None:
@@ -860,39 +1327,96 @@ def peak_rss_kb(folder: Path, slot: str) -> int:
         raise BenchError(f"{slot}: no VmHWM from the sandbox command") from unreadable
 
 
+def unpack(case: Input, checkout: Path) -> None:
+    """Both archives extracted where the restore puts them (untimed set-up)."""
+    run_checked(["unsquashfs", "-q", "-n", "-d", str(checkout), str(case.checkout.path)])
+    run_checked(["unsquashfs", "-q", "-n", "-d", str(checkout / DEPS_PATH), str(case.deps.path)])
+
+
+# -- links and rounds (shared with resume.py) -----------------------------------------------
+
+
+def parse_rates(rates: Sequence[str]) -> list[str | None]:
+    """nginx rates ("50m": 50 MiB/s per connection), UNLIMITED as None."""
+    parsed = [None if rate == UNLIMITED else rate for rate in rates]
+    for rate in parsed:
+        if rate is not None and not re.fullmatch(r"[1-9][0-9]*[km]?", rate):
+            raise argparse.ArgumentTypeError(
+                f"--rates: nginx rates like 50m or 800k, or {UNLIMITED!r}"
+            )
+    return parsed
+
+
+def rate_label(rate: str | None) -> str:
+    if rate is None:
+        return "unlimited loopback"
+    unit = {"k": " KiB", "m": " MiB"}.get(rate[-1], " B")  # nginx's units are binary
+    return f"{rate.rstrip('km')}{unit}/s per connection"
+
+
+M = TypeVar("M")
+
+
+def rotations(methods: Sequence[M]) -> list[tuple[M, ...]]:
+    """The orders of successive rounds, taken in turn: the rotations of `methods`, then those
+    of its reverse. Each method runs first once in every len(methods) rounds, and (for
+    three) six rounds run every order."""
+    orders: list[tuple[M, ...]] = []
+    for sequence in (tuple(methods), tuple(reversed(methods))):
+        orders += [sequence[index:] + sequence[:index] for index in range(len(sequence))]
+    return orders
+
+
+def spread(values: Sequence[float], digits: int = 2) -> str:
+    """Median (min-max)."""
+    return (
+        f"{statistics.median(values):.{digits}f} "
+        f"({min(values):.{digits}f}-{max(values):.{digits}f})"
+    )
+
+
 # -- the report -----------------------------------------------------------------------------
 
 
 @dataclass
 class Result:
     case: Input
-    ours: list[OursRun]
-    baseline: list[BaselineRun]
+    rate: str | None
+    ours: list[OursRun] = field(default_factory=list)
+    baselines: dict[str, list[BaselineRun]] = field(
+        default_factory=lambda: {name: [] for name in BASELINES}
+    )
+    orders: list[tuple[str, ...]] = field(default_factory=list)  # each round's
 
     @property
-    def baseline_s(self) -> float:
-        return statistics.median(run.total_s for run in self.baseline)
+    def rounds(self) -> int:
+        return len(self.ours)
+
+    def median(self, method: str) -> float:
+        """The median seconds of a baseline, or of ours' whole process."""
+        if method == "ours":
+            return statistics.median(run.process_s for run in self.ours)
+        return statistics.median(run.total_s for run in self.baselines[method])
 
     @property
     def restore_s(self) -> float:
         return statistics.median(run.restore_s for run in self.ours)
 
     @property
-    def process_s(self) -> float:
-        return statistics.median(run.process_s for run in self.ours)
-
-    @property
     def peak_rss_mb(self) -> float:
         return max(run.peak_rss_kb for run in self.ours) * 1024 / MB
 
-    def paired_ratios(self) -> list[float]:
-        """Each run's ratio to the baseline run next to it: their spread shows the noise."""
+    def paired(self, baseline: str, *, whole: bool = True) -> list[float]:
+        """Each of ours' runs (its whole process, else its restore) against the `baseline`
+        run of its round: their spread shows the noise."""
         return [
-            ours.restore_s / base.total_s
-            for ours, base in zip(self.ours, self.baseline, strict=True)
+            (run.process_s if whole else run.restore_s) / base.total_s
+            for run, base in zip(self.ours, self.baselines[baseline], strict=True)
         ]
 
-    def step_medians(self) -> dict[str, float]:
+    def ours_steps(self) -> dict[str, float]:
+        """The task's steps (medians, s), what else its restore did, and its process's own
+        cost around it."""
         names = sorted({name for run in self.ours for name in run.steps_ms})
         medians = {
             name: statistics.median(run.steps_ms.get(name, 0) for run in self.ours) / 1000
@@ -901,154 +1425,245 @@ class Result:
         medians["other (preflight, cleanup)"] = statistics.median(
             run.restore_s - sum(run.steps_ms.values()) / 1000 for run in self.ours
         )
-        medians["process overhead (interpreter, imports, start call, settle)"] = statistics.median(
+        medians["process (interpreter, imports, start call, settle, exit)"] = statistics.median(
             run.process_s - run.restore_s for run in self.ours
         )
         return medians
 
+    def baseline_steps(self, baseline: str) -> dict[str, float]:
+        runs = self.baselines[baseline]
+        return {
+            name: statistics.median(run.steps_s[name] for run in runs) for name in runs[0].steps_s
+        }
+
     def summary(self) -> dict[str, Any]:
+        ratios = {
+            f"paired_{'process' if whole else 'restore'}_to_{baseline}": self.paired(
+                baseline, whole=whole
+            )
+            for baseline in BASELINES
+            for whole in (True, False)
+        }
         return {
             "size": self.case.label,
-            "files": self.case.files,
-            "archive_entries": self.case.entries,
-            "raw_mb": self.case.raw_bytes / MB,
-            "archive_mb": self.case.size / MB,
-            "median_baseline_s": self.baseline_s,
+            "link": rate_label(self.rate),
+            "rounds": self.rounds,
+            "median_ours_process_s": self.median("ours"),
             "median_ours_restore_s": self.restore_s,
-            "ratio_restore": self.restore_s / self.baseline_s,
-            "paired_ratios_restore": self.paired_ratios(),
-            "median_ours_process_s": self.process_s,
-            "ratio_process": self.process_s / self.baseline_s,
+            **{f"median_{baseline}_s": self.median(baseline) for baseline in BASELINES},
+            **ratios,
             "peak_rss_mb": self.peak_rss_mb,
-            "ours_steps_median_s": self.step_medians(),
-            "baseline_steps_median_s": {
-                name: statistics.median(run.steps_s[name] for run in self.baseline)
-                for name in self.baseline[0].steps_s
+            "ours_steps_median_s": self.ours_steps(),
+            **{
+                f"{baseline}_steps_median_s": self.baseline_steps(baseline)
+                for baseline in BASELINES
             },
             "ours_tree_max_rss_mb": max(run.tree_max_rss_kb for run in self.ours) * 1024 / MB,
-            "baseline_max_rss_mb": {
-                name: max(run.max_rss_kb[name] for run in self.baseline) * 1024 / MB
-                for name in self.baseline[0].max_rss_kb
-            },
+            "orders": self.orders,
             "runs": {
                 "ours": [asdict(run) for run in self.ours],
-                "baseline": [asdict(run) for run in self.baseline],
+                **{
+                    baseline: [asdict(run) for run in self.baselines[baseline]]
+                    for baseline in BASELINES
+                },
             },
         }
 
 
-def report(console: Console, results: list[Result], repeats: int, workdir: Path) -> None:
-    table = Table(
-        title="Restore vs curl + sha256sum + unsquashfs + git checkout (medians, alternating runs)"
-    )
-    for column in (
-        "size",
-        "files",
-        "archive MB",
-        "runs",
-        "baseline s",
-        "ours: restore s",
-        "ratio",
-        "ours: process s",
-        "ratio",
-        "peak RSS MB",
-    ):
-        table.add_column(column, justify="left" if column == "size" else "right")
-    for result in results:
-        table.add_row(
-            result.case.label,
-            f"{result.case.files:,}",
-            f"{result.case.size / MB:.1f}",
-            f"{len(result.ours)} + {len(result.baseline)}",
-            f"{result.baseline_s:.2f}",
-            f"{result.restore_s:.2f}",
-            f"{result.restore_s / result.baseline_s:.2f}",
-            f"{result.process_s:.2f}",
-            f"{result.process_s / result.baseline_s:.2f}",
-            f"{result.peak_rss_mb:.1f}",
-        )
-    console.print(table)
+def _input_summary(case: Input) -> dict[str, Any]:
+    return {
+        "size": case.label,
+        "commit": case.commit,
+        "commits": case.commits,
+        **{
+            kind: {
+                "backup_id": archived.backup_id,
+                "files": archived.files,
+                "entries": archived.entries,
+                "raw_mb": archived.raw_bytes / MB,
+                "archive_mb": archived.size / MB,
+            }
+            for kind, archived in (("checkout", case.checkout), ("deps", case.deps))
+        },
+        "files": case.files,
+        "archive_mb": case.size / MB,
+    }
 
-    steps = Table(title="Where the time goes (medians, seconds)")
-    steps.add_column("size")
-    steps.add_column("ours: step", justify="left")
-    steps.add_column("s", justify="right")
-    steps.add_column("baseline: step", justify="left")
-    steps.add_column("s", justify="right")
-    for result in results:
-        summary = result.summary()
-        ours = list(summary["ours_steps_median_s"].items())
-        base = list(summary["baseline_steps_median_s"].items())
-        for index in range(max(len(ours), len(base))):
-            left = ours[index] if index < len(ours) else ("", None)
-            right = base[index] if index < len(base) else ("", None)
-            steps.add_row(
-                result.case.label if index == 0 else "",
-                left[0],
-                "" if left[1] is None else f"{left[1]:.2f}",
-                right[0],
-                "" if right[1] is None else f"{right[1]:.2f}",
-            )
-        steps.add_row(
-            "",
-            "max RSS, the task and its children MB",
-            f"{summary['ours_tree_max_rss_mb']:.0f}",
-            "max RSS, unsquashfs MB",
-            f"{summary['baseline_max_rss_mb']['unsquashfs']:.0f}",
-            end_section=True,
-        )
-    console.print(steps)
-    inherited = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB
+
+def report(
+    console: Console, inputs: list[Input], results: list[Result], disks: Disks, workdir: Path
+) -> None:
+    console.print(_inputs_table(inputs))
+    console.print(_results_table(results))
+    console.print(_steps_table(results))
     console.print(
-        "[dim]max RSS with children comes from wait4: it counts what a child shares with its "
-        f"parent when forked (this process: {inherited:.0f} MB; the task: its own peak), so "
-        "read it as an upper bound. The task's peak RSS (VmHWM) is its own.[/dim]"
+        "[dim]ours' steps are the task's own (result.steps, inside result.ms); whatever it "
+        "does before its restore's clock starts (its downloads start with the process) falls "
+        f"in 'process'. disk: {disks.description}; nginx on loopback, the archives in the "
+        "page cache; the task downloads both archives at once in 4 ranges each, curl one "
+        "stream at a time, aria2c 4 per archive, both at once; nothing caps the connections' "
+        "sum.[/dim]"
     )
-
-    console.print("[bold]Targets[/bold]")
-    for result in results:
-        ratio = result.restore_s / result.baseline_s
-        paired = result.paired_ratios()
-        _verdict(
-            console,
-            ratio <= RATIO_TARGET,
-            f"{result.case.label}: restore ratio {ratio:.2f} (paired runs: median "
-            f"{statistics.median(paired):.2f}, {min(paired):.2f} to {max(paired):.2f}), "
-            f"target <= {RATIO_TARGET}",
-        )
-        _verdict(
-            console,
-            result.peak_rss_mb <= RSS_TARGET_MB,
-            f"{result.case.label}: task peak RSS {result.peak_rss_mb:.1f} MB, "
-            f"target <= {RSS_TARGET_MB:.0f} MB",
-        )
-    if len(results) >= 2:
-        ordered = sorted(results, key=lambda result: result.case.size)
-        small, large = ordered[0], ordered[-1]
-        growth = large.peak_rss_mb - small.peak_rss_mb
-        _verdict(
-            console,
-            growth <= RSS_FLAT_MB,
-            f"peak RSS {small.peak_rss_mb:.1f} MB at {small.case.size / MB:.0f} MB, "
-            f"{large.peak_rss_mb:.1f} MB at {large.case.size / MB:.0f} MB: "
-            f"{growth:+.1f} MB (flat: within {RSS_FLAT_MB:.0f} MB)",
-        )
-    figures = workdir / "results.json"
+    _targets(console, inputs, results)
+    figures = workdir / "restore-results.json"
     figures.write_text(
         json.dumps(
             {
-                "repeats": repeats,
                 "cpus": os.cpu_count(),
-                "unsquashfs": _version(["unsquashfs", "-version"]),
-                "git": _version(["git", "--version"]),
-                "targets": {"ratio": RATIO_TARGET, "peak_rss_mb": RSS_TARGET_MB},
+                "disk": disks.description,
+                "versions": {
+                    tool: _version([tool, flag])
+                    for tool, flag in (
+                        ("unsquashfs", "-version"),
+                        ("git", "--version"),
+                        ("curl", "--version"),
+                        ("aria2c", "--version"),
+                    )
+                },
+                "targets": {
+                    "capped_process_to_curl": CAPPED_CURL_TARGET,
+                    "capped_process_to_aria2c": CAPPED_ARIA2C_TARGET,
+                    "unlimited_process_to_aria2c": UNLIMITED_ARIA2C_TARGET,
+                    "peak_rss_mb": RSS_TARGET_MB,
+                    "peak_rss_flat_mb": RSS_FLAT_MB,
+                },
+                "inputs": [_input_summary(case) for case in inputs],
                 "results": [result.summary() for result in results],
             },
             indent=2,
         )
     )
-    console.print(f"disk: {Disks().description}")
     console.print(f"figures: {figures}")
+
+
+def _inputs_table(inputs: list[Input]) -> Table:
+    sizes = Table(title="Inputs: the snapshot's two archives (files: regular and links)")
+    for column in (
+        "size",
+        "checkout files",
+        "deps files",
+        "files",
+        "checkout MB",
+        "deps MB",
+        "archives MB",
+        "tree MB",
+        "commits",
+    ):
+        sizes.add_column(column, justify="left" if column == "size" else "right")
+    for case in inputs:
+        sizes.add_row(
+            case.label,
+            f"{case.checkout.files:,}",
+            f"{case.deps.files:,}",
+            f"{case.files:,}",
+            f"{case.checkout.size / MB:.1f}",
+            f"{case.deps.size / MB:.1f}",
+            f"{case.size / MB:.1f}",
+            f"{case.raw_bytes / MB:.0f}",
+            str(case.commits),
+        )
+    return sizes
+
+
+def _results_table(results: list[Result]) -> Table:
+    table = Table(
+        title="Restore: ours (the whole task process; its restore as it records it) vs curl "
+        "and aria2c -x4, each + sha256sum + unsquashfs + git checkout (medians in s; paired "
+        "ratios as median (min-max))"
+    )
+    for column in (
+        "link",
+        "size",
+        "rounds",
+        "ours: process",
+        "ours: restore",
+        "curl",
+        "aria2c",
+        "process / curl",
+        "process / aria2c",
+        "restore / curl",
+        "restore / aria2c",
+        "peak RSS MB",
+    ):
+        table.add_column(column, justify="left" if column in ("link", "size") else "right")
+    for result in results:
+        table.add_row(
+            rate_label(result.rate),
+            result.case.label,
+            str(result.rounds),
+            f"{result.median('ours'):.2f}",
+            f"{result.restore_s:.2f}",
+            f"{result.median('curl'):.2f}",
+            f"{result.median('aria2c'):.2f}",
+            spread(result.paired("curl")),
+            spread(result.paired("aria2c")),
+            spread(result.paired("curl", whole=False)),
+            spread(result.paired("aria2c", whole=False)),
+            f"{result.peak_rss_mb:.1f}",
+        )
+    return table
+
+
+def _steps_table(results: list[Result]) -> Table:
+    steps = Table(title="Where the time goes (medians, seconds)")
+    for heading in ("link, size", "ours: step", "s", "curl: step", "s", "aria2c: step", "s"):
+        steps.add_column(heading, justify="right" if heading == "s" else "left")
+    for result in results:
+        listed = [list(result.ours_steps().items())] + [
+            list(result.baseline_steps(baseline).items()) for baseline in BASELINES
+        ]
+        rows = max(len(steps_of) for steps_of in listed)
+        for index in range(rows):
+            cells = [f"{rate_label(result.rate)}, {result.case.label}" if index == 0 else ""]
+            for steps_of in listed:
+                step, seconds = steps_of[index] if index < len(steps_of) else ("", None)
+                cells += [step, "" if seconds is None else f"{seconds:.2f}"]
+            steps.add_row(*cells, end_section=index == rows - 1)
+    return steps
+
+
+def _targets(console: Console, inputs: list[Input], results: list[Result]) -> None:
+    console.print("[bold]Targets[/bold] (paired medians of the whole task process)")
+    for result in results:
+        where = f"{result.case.label}, {rate_label(result.rate)}"
+        aria2c = statistics.median(result.paired("aria2c"))
+        if result.rate is None:
+            _verdict(
+                console,
+                aria2c <= UNLIMITED_ARIA2C_TARGET,
+                f"{where}: ours / aria2c {aria2c:.2f}, target <= {UNLIMITED_ARIA2C_TARGET}",
+            )
+            continue
+        curl = statistics.median(result.paired("curl"))
+        _verdict(
+            console,
+            curl <= CAPPED_CURL_TARGET,
+            f"{where}: ours / curl {curl:.2f}, target <= {CAPPED_CURL_TARGET}",
+        )
+        _verdict(
+            console,
+            aria2c <= CAPPED_ARIA2C_TARGET,
+            f"{where}: ours / aria2c {aria2c:.2f}, target <= {CAPPED_ARIA2C_TARGET}",
+        )
+    peaks: dict[str, float] = {}
+    for result in results:
+        peaks[result.case.label] = max(peaks.get(result.case.label, 0.0), result.peak_rss_mb)
+    for label, peak in peaks.items():
+        _verdict(
+            console,
+            peak <= RSS_TARGET_MB,
+            f"{label}: task peak RSS {peak:.1f} MB, target <= {RSS_TARGET_MB:.0f} MB",
+        )
+    if len(peaks) >= 2:
+        by_size = sorted(inputs, key=lambda case: case.size)
+        small, large = by_size[0].label, by_size[-1].label
+        growth = peaks[large] - peaks[small]
+        _verdict(
+            console,
+            abs(growth) <= RSS_FLAT_MB,
+            f"peak RSS {peaks[small]:.1f} MB at {small}, {peaks[large]:.1f} MB at {large}: "
+            f"{growth:+.1f} MB (flat: within {RSS_FLAT_MB:.0f} MB)",
+        )
 
 
 def _verdict(console: Console, met: bool, text: str) -> None:
@@ -1064,7 +1679,7 @@ def _version(argv: list[str]) -> str:
 
 
 def _environment(workdir: Path) -> dict[str, str]:
-    """What the task and the baseline both run with: nothing from a developer's
+    """What the task and the baselines all run with: nothing from a developer's
     SEEDKEEPER_*, AWS_* or GIT_* settings nor their git configuration (a slot container has
     none), fake credentials."""
     keep = {
@@ -1079,107 +1694,158 @@ def _environment(workdir: Path) -> dict[str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
-        "--repeats",
+        "--sizes",
+        nargs="+",
+        type=size_for,
+        default=[size_for("1 GB"), size_for("300 MB")],
+        metavar="SIZE",
+        help='the snapshot\'s size: "1 GB", "300 MB", "100 MB" (a smoke run) or any "<N> MB"',
+    )
+    parser.add_argument(
+        "--rates",
+        nargs="+",
+        default=list(DEFAULT_RATES),
+        metavar="RATE",
+        help="nginx limit_rate per connection, one series each (nginx syntax: 50m is "
+        f"50 MiB/s); {UNLIMITED!r}: unlimited loopback",
+    )
+    parser.add_argument(
+        "--rounds",
         type=int,
         default=5,
-        help=f"runs of each method per size (at least {MIN_REPEATS}; more while the budget lasts)",
+        help=f"rounds per link and size (at least {MIN_ROUNDS}; more while the budget lasts)",
     )
     parser.add_argument(
         "--budget",
         type=float,
-        default=480.0,
-        help="seconds for the timed runs of all sizes, past the first MIN_REPEATS pairs",
+        default=600.0,
+        help=f"seconds for all timed rounds; past {MIN_ROUNDS} rounds per link and size, "
+        "a round runs only while its share lasts",
     )
     parser.add_argument(
         "--workdir",
         type=Path,
         default=Path(tempfile.gettempdir()) / "seedkeeper-bench",
-        help="cached inputs, scratch runs and results.json",
-    )
-    parser.add_argument(
-        "--sizes", nargs="+", choices=[size.label for size in SIZES], help="a subset of sizes"
+        help="cached inputs, scratch runs and restore-results.json",
     )
     options = parser.parse_args(argv)
-    console = Console(width=max(Console().width, 120))  # the tables stay readable in a log
+    try:
+        rates = parse_rates(options.rates)
+    except argparse.ArgumentTypeError as wrong:
+        parser.error(str(wrong))
+    console = Console(width=max(Console().width, 180))  # the tables stay readable in a log
+    for tool, package in TOOLS.items():
+        if shutil.which(tool) is None:
+            console.print(
+                f"[red]{tool} is not installed: apt-get install {package} (make bench "
+                "installs it as root)[/red]"
+            )
+            return 1
     workdir: Path = options.workdir.resolve()
     (workdir / "tmp").mkdir(parents=True, exist_ok=True)
     unmount_leftovers(workdir / "runs")
     shutil.rmtree(workdir / "runs", ignore_errors=True)
-    sizes = [size for size in SIZES if options.sizes is None or size.label in options.sizes]
-    for tool in ("git", "mksquashfs", "unsquashfs", "curl", "sha256sum"):
-        if shutil.which(tool) is None:
-            console.print(f"[red]{tool} is not installed (make bench installs it as root)[/red]")
-            return 1
     os.environ.update(FAKE_AWS)
+    disks = Disks()
     try:
-        inputs = [build_input(size, workdir, console) for size in sizes]
-        results = measure_all(console, workdir, inputs, options.repeats, options.budget)
+        inputs = [build_input(size, workdir, console) for size in options.sizes]
+        results = measure_all(
+            console, workdir, inputs, rates=rates, rounds=options.rounds, budget=options.budget
+        )
     except BenchError as broken:
         console.print(f"[red]the benchmark could not measure:[/red] {broken}")
         return 1
     finally:
         unmount_leftovers(workdir / "runs")
         shutil.rmtree(workdir / "runs", ignore_errors=True)
-    report(console, results, options.repeats, workdir)
+    report(console, inputs, results, disks, workdir)
     return 0  # a report, not a gate
 
 
 def measure_all(
-    console: Console, workdir: Path, inputs: list[Input], repeats: int, budget: float
+    console: Console,
+    workdir: Path,
+    inputs: list[Input],
+    *,
+    rates: list[str | None],
+    rounds: int,
+    budget: float,
 ) -> list[Result]:
-    """At least MIN_REPEATS alternating pairs per size, up to `repeats` while the time
-    budget allows."""
-    nginx = Nginx(workdir / "archives", workdir)
+    """Per link and size, at least MIN_ROUNDS rounds of the three, up to `rounds` while
+    the time budget allows; the order rotates every round."""
     moto = AtomicMotoServer().start()
     gateway = checkpoint_function(moto.endpoint)
+    servers = [
+        Nginx(workdir / "archives", workdir, limit_rate=rate, home=f"nginx-{index}")
+        for index, rate in enumerate(rates)
+    ]
     try:
-        nginx.start()
+        for server in servers:
+            server.start()
         dynamodb = boto3.client("dynamodb", endpoint_url=moto.endpoint, region_name=REGION)
         create_table(dynamodb, TABLE, load_template())
         table = boto3.resource("dynamodb", endpoint_url=moto.endpoint, region_name=REGION)
-        bench = Bench(
-            workdir=workdir,
-            nginx=nginx,
-            endpoint=moto.endpoint,
-            checkpoint_url=gateway.url,
-            lifecycle=Lifecycle(table.Table(TABLE)),
-            snapshots=SnapshotStore(table.Table(TABLE)),
-            environment=_environment(workdir),
+        slots = itertools.count(1)
+        benches = [
+            Bench(
+                workdir=workdir,
+                nginx=server,
+                endpoint=moto.endpoint,
+                checkpoint_url=gateway.url,
+                lifecycle=Lifecycle(table.Table(TABLE)),
+                snapshots=SnapshotStore(table.Table(TABLE)),
+                environment=_environment(workdir),
+                slots=slots,
+            )
+            for server in servers
+        ]
+        for case in inputs:  # the records the task reads its archives' sizes and sha256 from
+            benches[0].record(case)
+        console.print(
+            f"disk: {benches[0].disks.description}; links: {[rate_label(r) for r in rates]}; "
+            "warming up: one untimed run of each (imports, page cache)"
         )
-        for case in inputs:  # the records the task reads its archive's size and sha256 from
-            bench.record(case)
-        console.print("warming up: one untimed run of each (imports, page cache)")
-        bench.ours(inputs[0])
-        bench.baseline(inputs[0])
+        benches[0].ours(inputs[0])
+        for baseline in BASELINES:
+            benches[0].baseline(inputs[0], baseline)
+        cells = [
+            (bench, rate, case)
+            for bench, rate in zip(benches, rates, strict=True)
+            for case in inputs
+        ]
+        orders = rotations(METHODS)
         results: list[Result] = []
         deadline = time.monotonic() + budget
-        for position, case in enumerate(inputs):
-            result = Result(case, [], [])
+        for position, (bench, rate, case) in enumerate(cells):
+            result = Result(case, rate)
             started = time.monotonic()
-            for index in range(max(repeats, MIN_REPEATS)):  # ABBA: neither always goes first
-                if index >= MIN_REPEATS:
-                    share = (deadline - started) / (len(inputs) - position)
-                    pair = (time.monotonic() - started) / index
-                    if index >= repeats or time.monotonic() - started + pair > share:
+            for index in range(max(rounds, MIN_ROUNDS)):
+                if index >= MIN_ROUNDS:
+                    share = (deadline - started) / (len(cells) - position)
+                    spent = time.monotonic() - started
+                    if spent + spent / index > share:  # another round would overrun
                         break
-                if index % 2 == 0:
-                    result.ours.append(bench.ours(case))
-                    result.baseline.append(bench.baseline(case))
-                else:
-                    result.baseline.append(bench.baseline(case))
-                    result.ours.append(bench.ours(case))
+                result.orders.append(orders[index % len(orders)])
+                for method in result.orders[-1]:
+                    if method == "ours":
+                        result.ours.append(bench.ours(case))
+                    else:
+                        result.baselines[method].append(bench.baseline(case, method))
+                ours = result.ours[-1]
                 console.print(
-                    f"  {case.label} #{index + 1}: baseline {result.baseline[-1].total_s:.2f} s,"
-                    f" ours {result.ours[-1].restore_s:.2f} s (process"
-                    f" {result.ours[-1].process_s:.2f} s) {result.ours[-1].steps_ms}"
+                    f"  {rate_label(rate)}, {case.label} #{index + 1}: curl "
+                    f"{result.baselines['curl'][-1].total_s:.2f} s, aria2c "
+                    f"{result.baselines['aria2c'][-1].total_s:.2f} s, ours {ours.process_s:.2f} s"
+                    f" (restore {ours.restore_s:.2f} s) {ours.steps_ms}"
                 )
             results.append(result)
         return results
     finally:
         gateway.stop()
-        nginx.stop()
+        for server in servers:
+            server.stop()
         moto.stop()
-        shutil.rmtree(nginx.root / BUCKET, ignore_errors=True)  # links only: the cache stays
+        shutil.rmtree(workdir / "archives" / BUCKET, ignore_errors=True)  # links only
 
 
 if __name__ == "__main__":

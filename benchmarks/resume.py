@@ -1,11 +1,12 @@
 """The resume benchmark (`make bench`): time to a usable slot, resumed from its checkpoint
 or seeded afresh, both against `curl -o` + `sha256sum` + `unsquashfs` + `git checkout`.
 
-The tree is the restore benchmark's synthetic repository (its generator and cached
-archives). Once per size, untimed, the real slot task seeds it and the checkout it leaves
-is captured as the supervisor captures it (`capture.capture`: mksquashfs zstd level 3,
-the config scrubbed): that file is the parked slot's checkpoint object. Then, in rounds
-whose order rotates through every permutation of the three, each on a fresh journaled
+The snapshot is the restore benchmark's (its generator and cached archives: a repository
+with history and a node_modules-like deps tree restored inside it). Once per size, untimed,
+the real slot task seeds it and the checkout it leaves (the deps tree in it) is captured
+as the supervisor captures it (`capture.capture`: mksquashfs zstd level 3, the config
+scrubbed): that file is the parked slot's checkpoint object. Then, in rounds whose order
+rotates (each method first in turn; every order in six rounds), each on a fresh journaled
 ext4 (a loop-mounted image made per run, as a Fargate task's disk is fresh and journaled;
 see LOCAL-AWS-NOTES):
 
@@ -19,10 +20,11 @@ see LOCAL-AWS-NOTES):
   served by nginx (path-style, `/<bucket>/<key>`, a link to the checkpoint object). Timed
   from spawn to reap (the start call included, part of what a task costs; the task exits
   once settled and its sandbox command has run), checked `seeded` with `result.resumed`.
-- seed: the same tree seeded afresh by the real task from the snapshot archive (its start
-  granted a presigned GET of it), as the restore benchmark starts it.
-- baseline: `curl -o` of the snapshot archive, `sha256sum` of it, `unsquashfs` with the
-  task's own flags (its caches bounded as the task bounds them), `git checkout -B`.
+- seed: the same tree seeded afresh by the real task from the snapshot's archives (its
+  start granted presigned GETs of them), as the restore benchmark starts it.
+- baseline: the restore benchmark's curl baseline: `curl -o` of the snapshot's archives,
+  `sha256sum` of them, `unsquashfs` with the task's own flags (its caches bounded as the
+  task bounds them) of each where the task puts it, `git checkout -B`.
 
 Both servers are nginx on loopback, the objects in the page cache: by default with a
 per-connection `limit_rate` standing in for R2 (`--rates`; "none" for unlimited loopback).
@@ -42,7 +44,6 @@ import contextlib
 import itertools
 import json
 import os
-import re
 import shutil
 import statistics
 import sys
@@ -69,45 +70,22 @@ from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.local.motoserver import AtomicMotoServer
 
 if TYPE_CHECKING:
-    from benchmarks import checkpoint, restore
+    from benchmarks import restore
 else:
-    import checkpoint  # the script's own folder is on sys.path: the other benchmarks
-    import restore
+    import restore  # the script's own folder is on sys.path: the restore benchmark
 
 MB = restore.MB
 DEFAULT_SIZES = ("300 MB",)
 DEFAULT_RATES = ("50m",)
-UNLIMITED = "none"
 DEFAULT_PAIRS = 5
 CAPTURE_TIMEOUT = 900.0
 RETENTION = 7 * 86_400
 METHODS = ("resume", "seed", "baseline")
-# Every order of the three, in turn: no method always runs first or after the same one.
-ORDERS = tuple(itertools.permutations(METHODS))
+# The orders of the rounds, in turn: each method first once in every three rounds, and
+# every order in six.
+ORDERS = restore.rotations(METHODS)
 
 P = TypeVar("P")
-
-
-def size_for(label: str) -> restore.Size:
-    """The restore benchmark's size of that label (20,000 files), else "<N> MB" or
-    "<N> GB": the checkpoint benchmark's, its 300 MB tree's files scaled in count."""
-    for size in restore.SIZES:
-        if size.label == label:
-            return size
-    matched = re.fullmatch(r"\s*(\d+)\s*(MB|GB)\s*", label, re.IGNORECASE)
-    if matched is None:
-        raise argparse.ArgumentTypeError(f"{label!r}: a size is like '300 MB' or '1 GB'")
-    megabytes = int(matched.group(1)) * (1000 if matched.group(2).upper() == "GB" else 1)
-    if megabytes < 1:
-        raise argparse.ArgumentTypeError(f"{label!r}: a size must be positive")
-    return checkpoint.size_for(megabytes)
-
-
-def rate_label(rate: str | None) -> str:
-    if rate is None:
-        return "unlimited loopback"
-    unit = {"k": " KiB", "m": " MiB"}.get(rate[-1], " B")  # nginx's units are binary
-    return f"{rate.rstrip('km')}{unit}/s per connection"
 
 
 # -- one run of each ------------------------------------------------------------------------
@@ -169,7 +147,7 @@ class Bench:
         with self.fresh(case, slot) as (root, folder):
             workspace = root / "workspace"
             self._seed(case, slot, workspace, folder)
-            target = served / f"checkpoint-{case.archive.stem}.sqsh"
+            target = served / f"checkpoint-{case.checkout.backup_id}.sqsh"
             try:
                 captured = capture.capture(
                     workspace / CHECKOUT, target, user=None, timeout=CAPTURE_TIMEOUT
@@ -224,7 +202,7 @@ class Bench:
         born = now - 7200
         record, restore_op = self.restore_bench.launched(case, slot, now=born)
         result = SeedSucceeded(
-            ref=restore.REF, head=case.commit, from_backup=case.archive.stem, steps={}, ms=0
+            ref=restore.REF, head=case.commit, from_backup=case.checkout.backup_id, steps={}, ms=0
         )
         verdict = transitions.Verdict(
             attempt=record.attempt, restore=restore_op, result=result, now=born
@@ -346,7 +324,7 @@ class Result:
             "raw_mb": self.case.raw_bytes / MB,
             "snapshot_archive_mb": self.case.size / MB,
             "checkpoint_mb": self.parkable.size / MB,
-            "server": rate_label(self.rate),
+            "server": restore.rate_label(self.rate),
             "pairs": len(self.baseline),
             "median_baseline_s": median([run.total_s for run in self.baseline]),
             "median_seed_process_s": median([run.process_s for run in self.seed]),
@@ -377,7 +355,7 @@ class Result:
 
 
 def report(console: Console, results: list[Result], disks: restore.Disks, workdir: Path) -> None:
-    spread = checkpoint.spread
+    spread = restore.spread
     table = Table(
         title="Time to a usable slot: resume from its checkpoint and a fresh seed vs curl -o "
         "+ sha256sum + unsquashfs + git checkout (whole processes; medians, paired ratios "
@@ -402,7 +380,7 @@ def report(console: Console, results: list[Result], disks: restore.Disks, workdi
         table.add_row(
             result.case.label,
             f"{result.case.files:,}",
-            rate_label(result.rate),
+            restore.rate_label(result.rate),
             f"{result.case.size / MB:.1f} / {result.parkable.size / MB:.1f}",
             str(summary["pairs"]),
             f"{summary['median_baseline_s']:.2f}",
@@ -425,7 +403,9 @@ def report(console: Console, results: list[Result], disks: restore.Disks, workdi
         ]
         rows = max(len(steps_of) for steps_of in listed)
         for index in range(rows):
-            cells = [f"{result.case.label}, {rate_label(result.rate)}" if index == 0 else ""]
+            cells = [
+                f"{result.case.label}, {restore.rate_label(result.rate)}" if index == 0 else ""
+            ]
             for steps_of in listed:
                 step, seconds = steps_of[index] if index < len(steps_of) else ("", None)
                 cells += [step, "" if seconds is None else f"{seconds:.2f}"]
@@ -433,8 +413,9 @@ def report(console: Console, results: list[Result], disks: restore.Disks, workdi
     console.print(steps)
     for result in results:
         summary = result.summary()
+        where = f"{result.case.label}, {restore.rate_label(result.rate)}"
         console.print(
-            f"[dim]{result.case.label}, {rate_label(result.rate)}: inside the task (result.ms) "
+            f"[dim]{where}: inside the task (result.ms) "
             f"resume/baseline {spread(summary['paired_ratios_resume_restore'])}, "
             f"seed/baseline {spread(summary['paired_ratios_seed_restore'])}; the task's peak "
             f"RSS {summary['peak_rss_mb']['resume']:.1f} MB resuming, "
@@ -470,11 +451,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--sizes",
         nargs="+",
-        type=size_for,
-        default=[size_for(label) for label in DEFAULT_SIZES],
+        type=restore.size_for,
+        default=[restore.size_for(label) for label in DEFAULT_SIZES],
         metavar="SIZE",
-        help='archive sizes: "300 MB", "1 GB", "100 MB" (the restore benchmark\'s, 20,000 '
-        'files) or any "<N> MB" (its 300 MB tree\'s files scaled in count)',
+        help='the snapshot\'s size (the restore benchmark\'s): "300 MB", "1 GB", "100 MB" or '
+        'any "<N> MB" (its 300 MB trees\' files scaled in count)',
     )
     parser.add_argument(
         "--rates",
@@ -482,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=list(DEFAULT_RATES),
         metavar="RATE",
         help="nginx limit_rate per connection, one series each (nginx syntax: 50m is "
-        f"50 MiB/s); {UNLIMITED!r}: unlimited loopback",
+        f"50 MiB/s); {restore.UNLIMITED!r}: unlimited loopback",
     )
     parser.add_argument(
         "--pairs",
@@ -499,9 +480,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parser.parse_args(argv)
     if options.pairs < 1:
         parser.error("--pairs must be positive")
-    rates = [None if rate == UNLIMITED else rate for rate in options.rates]
-    if any(rate is not None and not re.fullmatch(r"[1-9][0-9]*[km]?", rate) for rate in rates):
-        parser.error(f"--rates: nginx rates like 50m or 800k, or {UNLIMITED!r}")
+    try:
+        rates = restore.parse_rates(options.rates)
+    except argparse.ArgumentTypeError as wrong:
+        parser.error(str(wrong))
     console = Console(width=max(Console().width, 140))  # the tables stay readable in a log
     workdir: Path = options.workdir.resolve()
     (workdir / "tmp").mkdir(parents=True, exist_ok=True)
@@ -548,8 +530,9 @@ def measure_all(
     runs, served = workdir / "resume-runs", workdir / "resume-served"
     served.mkdir(parents=True)
     served.chmod(0o755)  # nginx's workers read it as an unprivileged user
-    for case in inputs:  # the snapshot archives beside the checkpoints, in one served root
-        os.link(case.archive, served / case.archive.name)
+    # The snapshots' archives beside the checkpoints, in one served root.
+    for archived in (archived for case in inputs for archived in case.archives):
+        os.link(archived.path, served / archived.path.name)
     moto = AtomicMotoServer().start()
     gateway = restore.checkpoint_function(moto.endpoint)
     servers = [
@@ -586,7 +569,9 @@ def measure_all(
             for server, rate in zip(servers, rates, strict=True)
         ]
         first = benches[0]
-        console.print(f"disk: {disks.description}; servers: {[rate_label(r) for r in rates]}")
+        console.print(
+            f"disk: {disks.description}; servers: {[restore.rate_label(r) for r in rates]}"
+        )
         for case in inputs:
             first.restore_bench.record(case)
             console.print(f"{case.label}: seeding and capturing the checkpoint (untimed)")
@@ -612,7 +597,7 @@ def measure_all(
                         else:
                             result.baseline.append(bench.baseline(case))
                     console.print(
-                        f"  {case.label}, {rate_label(bench.rate)} #{index + 1}: baseline "
+                        f"  {case.label}, {restore.rate_label(bench.rate)} #{index + 1}: baseline "
                         f"{result.baseline[-1].total_s:.2f} s, seed "
                         f"{result.seed[-1].process_s:.2f} s, resume "
                         f"{result.resume[-1].process_s:.2f} s {result.resume[-1].steps_ms}"
