@@ -31,9 +31,11 @@ over six rounds every order), each run into a fresh journaled ext4 of its own:
   task's keys), which answers presigned GETs of the archives' R2 keys pointing at nginx
   (path-style, `/<bucket>/<key>`, laid out as links to the archives). Then it downloads,
   verifies, extracts both, fixes up, writes its marker and settles. Timed as its whole
-  process (spawn to reap: interpreter start, imports and the start call are part of what
-  a task costs) and as the task records its restore (`result.ms`, `result.steps`). Its
-  sandbox command writes the task's peak RSS (VmHWM) and exits.
+  process from its spawn to its settled record (interpreter start, imports and the start
+  call are part of what a task costs; the slot is usable once settled, so the sandbox
+  command, which starts then, writes the time), as the task records its restore
+  (`result.ms`, `result.steps`), and until it is reaped (in the JSON). Its sandbox command
+  also writes the task's peak RSS (VmHWM), and exits.
 - curl: `curl -s -f -o` of both archives (one call), `sha256sum` of both (the task
   verifies too; the digests checked), `unsquashfs` with the task's own flags (the same
   bounded caches) of the checkout into `checkout/` and of the deps into
@@ -972,10 +974,12 @@ class Timed:
     seconds: float
     max_rss_kb: int  # the process and its waited-for descendants (wait4)
     code: int
+    started_at: float = 0.0  # time.time() just before the spawn
 
 
 def timed_run(argv: Sequence[str], *, env: dict[str, str], log: IO[bytes]) -> Timed:
     """Run argv to completion, its wall time measured around spawn and reap."""
+    started_at = time.time()
     started = time.perf_counter()
     process = subprocess.Popen(
         argv,
@@ -993,7 +997,16 @@ def timed_run(argv: Sequence[str], *, env: dict[str, str], log: IO[bytes]) -> Ti
         killer.cancel()
     seconds = time.perf_counter() - started
     process.returncode = os.waitstatus_to_exitcode(status)
-    return Timed(seconds, usage.ru_maxrss, process.returncode)
+    return Timed(seconds, usage.ru_maxrss, process.returncode, started_at)
+
+
+def ready_s(timed: Timed, folder: Path, slot: str) -> float:
+    """Seconds from the task's spawn to its settled record: its sandbox command, which
+    starts right after the settle, wrote the time it started (`Bench.task`)."""
+    try:
+        return float((folder / "ready").read_text()) - timed.started_at
+    except (OSError, ValueError) as unreadable:
+        raise BenchError(f"{slot}: no start time from the sandbox command") from unreadable
 
 
 def _kill_group(pid: int) -> None:
@@ -1004,7 +1017,8 @@ def _kill_group(pid: int) -> None:
 @dataclass
 class OursRun:
     restore_s: float  # result.ms: as the task records it
-    process_s: float  # the task's whole process
+    process_s: float  # the task's process, from its spawn to its settled record
+    exit_s: float  # from its spawn until it is reaped (its sandbox command ran, it exited)
     steps_ms: dict[str, int]
     peak_rss_kb: int  # the task's own VmHWM
     tree_max_rss_kb: int  # the task and its children (unsquashfs, git)
@@ -1129,11 +1143,12 @@ class Bench:
             workspace.mkdir()
             timed = self.task(plan, record.incarnation, workspace, folder)
             result = self.seeded(slot, case, timed, workspace, folder)
-        peak = peak_rss_kb(folder, slot)
+        peak, ready = peak_rss_kb(folder, slot), ready_s(timed, folder, slot)
         shutil.rmtree(folder)
         return OursRun(
             restore_s=result.ms / 1000,
-            process_s=timed.seconds,
+            process_s=ready,
+            exit_s=timed.seconds,
             steps_ms=dict(result.steps),
             peak_rss_kb=peak,
             tree_max_rss_kb=timed.max_rss_kb,
@@ -1181,10 +1196,14 @@ class Bench:
 
     def task(self, plan: SlotPlan, incarnation: str, workspace: Path, folder: Path) -> Timed:
         """The real slot task of `plan` in `incarnation`, started as the local runtime starts
-        it and timed whole, its start call included; its sandbox command writes the task's
-        peak RSS (VmHWM) into `folder` and exits. Its log: `folder`/task.log."""
-        hwm = folder / "vmhwm"
-        probe = f"grep VmHWM /proc/$PPID/status > {shlex.quote(str(hwm))}"
+        it and timed whole, its start call included; its sandbox command, which starts once
+        the record is settled, writes the time (`ready_s`) and the task's peak RSS (VmHWM)
+        into `folder` and exits. Its log: `folder`/task.log."""
+        hwm, ready = folder / "vmhwm", folder / "ready"
+        probe = (
+            f"date +%s.%N > {shlex.quote(str(ready))}; "
+            f"grep VmHWM /proc/$PPID/status > {shlex.quote(str(hwm))}"
+        )
         environment = self.environment | {
             PLAN_VARIABLE: plan.to_env(),
             "SEEDKEEPER_WORKSPACE": str(workspace),
@@ -1425,7 +1444,7 @@ class Result:
         medians["other (preflight, cleanup)"] = statistics.median(
             run.restore_s - sum(run.steps_ms.values()) / 1000 for run in self.ours
         )
-        medians["process (interpreter, imports, start call, settle, exit)"] = statistics.median(
+        medians["process (interpreter, imports, start call, settle)"] = statistics.median(
             run.process_s - run.restore_s for run in self.ours
         )
         return medians

@@ -18,8 +18,9 @@ see LOCAL-AWS-NOTES):
   (served in this process by the local function-URL gateway, `POST /tasks/start` signed
   with the task's keys), which answers a presigned GET of the record's checkpoint key,
   served by nginx (path-style, `/<bucket>/<key>`, a link to the checkpoint object). Timed
-  from spawn to reap (the start call included, part of what a task costs; the task exits
-  once settled and its sandbox command has run), checked `seeded` with `result.resumed`.
+  from its spawn to its settled record (the start call included, part of what a task
+  costs; its sandbox command, which starts once settled, writes the time), checked
+  `seeded` with `result.resumed`.
 - seed: the same tree seeded afresh by the real task from the snapshot's archives (its
   start granted presigned GETs of them), as the restore benchmark starts it.
 - baseline: the restore benchmark's curl baseline: `curl -o` of the snapshot's archives,
@@ -93,7 +94,7 @@ P = TypeVar("P")
 
 @dataclass
 class TaskRun:
-    process_s: float  # spawn to reap: interpreter start, imports, restore, settle, exit
+    process_s: float  # spawn to settled: interpreter start, imports, start call, restore, settle
     restore_s: float  # result.ms: as the task records it
     steps_ms: dict[str, int]
     peak_rss_kb: int  # the task's own VmHWM
@@ -268,7 +269,7 @@ def _worktree_entries(checkout: Path) -> int:
 
 def _task_run(timed: restore.Timed, result: SeedSucceeded, folder: Path, slot: str) -> TaskRun:
     return TaskRun(
-        process_s=timed.seconds,
+        process_s=restore.ready_s(timed, folder, slot),
         restore_s=result.ms / 1000,
         steps_ms=dict(result.steps),
         peak_rss_kb=restore.peak_rss_kb(folder, slot),

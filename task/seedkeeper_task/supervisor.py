@@ -33,6 +33,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
@@ -215,8 +216,10 @@ class SlotTask:
         return record
 
     def _seed(self, seed: SeedIdentity, created: list[Path]) -> str:
-        """The archives have been downloading since the start, both at once: the checkout
-        extracts as soon as it is verified, while the deps archive may still be coming."""
+        """The archives have been downloading since the start, both at once. The checkout
+        extracts as soon as it is verified; the deps archive, once verified, extracts beside
+        it at the same time (staged in the workspace), and is placed inside it once the
+        checkout is in place."""
         checkout, deps = self._recorded_archives(seed)
         if self.grant.checkout is None or (deps is not None and self.grant.deps is None):
             raise StepFailed("download", "seed-missing", "no archive was granted")
@@ -224,11 +227,17 @@ class SlotTask:
             archive = self._downloaded("checkout", checkout)
         with self._step("extract"):
             created.append(self.checkout)
-            self._extract(archive, self.checkout)
-            if deps is not None:
-                deps_target = self.checkout / self.plan.deps_path
-                self._make_folders_above(deps_target)
-                self._extract(self._downloaded("deps", deps), deps_target)
+            placed: Future[None] = Future()
+            with ThreadPoolExecutor(1, thread_name_prefix="deps") as beside:
+                deps_placed = beside.submit(self._extract_deps, deps, placed) if deps else None
+                try:
+                    self._extract(archive, self.checkout)
+                except BaseException as failed:
+                    placed.set_exception(failed)  # the deps tree is not placed: it goes
+                    raise
+                placed.set_result(None)
+                if deps_placed is not None:
+                    deps_placed.result()
         with self._step("fixup"):
             head = self._fix_up(seed)
             self._check_whole_checkout()
@@ -286,18 +295,39 @@ class SlotTask:
                 failed.step, "seed-missing" if missing else "seed-failed", failed.reason
             ) from failed
 
-    def _extract(self, archive: Path, target: Path, *, checkpoint: bool = False) -> None:
+    def _extract(
+        self,
+        archive: Path,
+        target: Path,
+        before_placing: Callable[[], None] | None = None,
+        *,
+        checkpoint: bool = False,
+    ) -> None:
+        """`before_placing` given: staged in the workspace, placed after it returns."""
         try:
             extract(
                 archive,
                 target,
                 owner=self.settings.slot_user(),
                 worktree_links_may_leave=checkpoint,
+                staging_in=self.workspace if before_placing is not None else None,
+                before_placing=before_placing,
             )
         except UnsafeArchive as unsafe:
             raise StepFailed("extract", "unsafe-archive", str(unsafe)) from unsafe
         except (ExtractFailed, FileExistsError) as failed:
             raise StepFailed("extract", "seed-failed", str(failed)) from failed
+
+    def _extract_deps(self, deps: Archive, checkout_placed: Future[None]) -> None:
+        """The deps archive, once verified, staged in the workspace and checked while the
+        checkout extracts; placed at the deps path once the checkout is in place."""
+        target = self.checkout / self.plan.deps_path
+
+        def place() -> None:
+            checkout_placed.result()
+            self._make_folders_above(target)
+
+        self._extract(self._downloaded("deps", deps), target, place)
 
     def _make_folders_above(self, target: Path) -> None:
         """The folders a nested deps path lands in, the slot user's like the rest of the

@@ -180,6 +180,21 @@ def test_links_that_escape_only_together_across_checkout_and_deps_are_an_unsafe_
     assert_no_half_tree(slots, "slot-1")
 
 
+@pytest.mark.parametrize("where", ["checkout", "deps"])
+def test_either_archive_refused_while_both_extract_leaves_neither_staged(
+    slots: Slots, repo: Path, deps: Path, where: str
+) -> None:
+    """The two archives extract at once (the deps tree staged in the workspace): when one
+    is refused, the other is not placed, and nothing of either is left."""
+    (repo if where == "checkout" else deps).joinpath("escape").symlink_to("../../../../out")
+    seed = slots.publish(repo, deps)
+    body = slots.body(seed, slot=f"refused-{where}")
+    slots.seed(body)
+    _, answer = slots.settle(body)
+    assert verdict(answer) == (False, "unsafe-archive", "extract"), slots.log(f"refused-{where}")
+    assert_no_half_tree(slots, f"refused-{where}")
+
+
 def test_a_corrupted_archive_fails_at_verify_with_no_half_tree(
     slots: Slots, repo: Path, tmp_path: Path
 ) -> None:
