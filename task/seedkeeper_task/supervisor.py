@@ -217,29 +217,31 @@ class SlotTask:
 
     def _seed(self, seed: SeedIdentity, created: list[Path]) -> str:
         """The archives have been downloading since the start, both at once. The checkout
-        extracts as soon as it is verified; the deps archive, once verified, extracts beside
-        it at the same time (staged in the workspace), and is placed inside it once the
-        checkout is in place."""
+        extracts as soon as it is verified, and git is fixed up in it; meanwhile the deps
+        archive, once verified, extracts beside it (staged in the workspace), and is placed
+        inside it once the fix-up is done. Then the whole checkout's links are checked."""
         checkout, deps = self._recorded_archives(seed)
         if self.grant.checkout is None or (deps is not None and self.grant.deps is None):
             raise StepFailed("download", "seed-missing", "no archive was granted")
         with self._step("download"):
             archive = self._downloaded("checkout", checkout)
-        with self._step("extract"):
-            created.append(self.checkout)
-            placed: Future[None] = Future()
-            with ThreadPoolExecutor(1, thread_name_prefix="deps") as beside:
-                deps_placed = beside.submit(self._extract_deps, deps, placed) if deps else None
-                try:
+        created.append(self.checkout)
+        fixed: Future[None] = Future()  # the checkout in place and fixed up
+        with ThreadPoolExecutor(1, thread_name_prefix="deps") as beside:
+            deps_placed = beside.submit(self._extract_deps, deps, fixed) if deps else None
+            try:
+                with self._step("extract"):
                     self._extract(archive, self.checkout)
-                except BaseException as failed:
-                    placed.set_exception(failed)  # the deps tree is not placed: it goes
-                    raise
-                placed.set_result(None)
+                with self._step("fixup"):
+                    head = self._fix_up(seed)
+            except BaseException as failed:
+                fixed.set_exception(failed)  # the deps tree is not placed: it goes
+                raise
+            fixed.set_result(None)
+            with self._step("deps"):
                 if deps_placed is not None:
                     deps_placed.result()
-        with self._step("fixup"):
-            head = self._fix_up(seed)
+        with self._step("links"):
             self._check_whole_checkout()
         with self._step("marker"):
             self._write_marker(seed, head)
@@ -318,13 +320,13 @@ class SlotTask:
         except (ExtractFailed, FileExistsError) as failed:
             raise StepFailed("extract", "seed-failed", str(failed)) from failed
 
-    def _extract_deps(self, deps: Archive, checkout_placed: Future[None]) -> None:
+    def _extract_deps(self, deps: Archive, checkout_fixed: Future[None]) -> None:
         """The deps archive, once verified, staged in the workspace and checked while the
-        checkout extracts; placed at the deps path once the checkout is in place."""
+        checkout extracts and git is fixed up; placed at the deps path after that."""
         target = self.checkout / self.plan.deps_path
 
         def place() -> None:
-            checkout_placed.result()
+            checkout_fixed.result()
             self._make_folders_above(target)
 
         self._extract(self._downloaded("deps", deps), target, place)
