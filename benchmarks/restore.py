@@ -1710,6 +1710,18 @@ def _environment(workdir: Path) -> dict[str, str]:
     return keep | FAKE_AWS | isolated_git | {"TMPDIR": str(workdir / "tmp")}
 
 
+def add_rates(parser: argparse.ArgumentParser) -> None:
+    """`--rates`, as this benchmark and the resume benchmark take it."""
+    parser.add_argument(
+        "--rates",
+        nargs="+",
+        default=list(DEFAULT_RATES),
+        metavar="RATE",
+        help="nginx limit_rate per connection, one series each (nginx syntax: 50m is "
+        f"50 MiB/s); {UNLIMITED!r}: unlimited loopback",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
@@ -1720,14 +1732,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SIZE",
         help='the snapshot\'s size: "1 GB", "300 MB", "100 MB" (a smoke run) or any "<N> MB"',
     )
-    parser.add_argument(
-        "--rates",
-        nargs="+",
-        default=list(DEFAULT_RATES),
-        metavar="RATE",
-        help="nginx limit_rate per connection, one series each (nginx syntax: 50m is "
-        f"50 MiB/s); {UNLIMITED!r}: unlimited loopback",
-    )
+    add_rates(parser)
     parser.add_argument(
         "--rounds",
         type=int,

@@ -77,7 +77,6 @@ else:
 
 MB = restore.MB
 DEFAULT_SIZES = ("300 MB",)
-DEFAULT_RATES = ("50m",)
 DEFAULT_PAIRS = 5
 CAPTURE_TIMEOUT = 900.0
 RETENTION = 7 * 86_400
@@ -458,14 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help='the snapshot\'s size (the restore benchmark\'s): "300 MB", "1 GB", "100 MB" or '
         'any "<N> MB" (its 300 MB trees\' files scaled in count)',
     )
-    parser.add_argument(
-        "--rates",
-        nargs="+",
-        default=list(DEFAULT_RATES),
-        metavar="RATE",
-        help="nginx limit_rate per connection, one series each (nginx syntax: 50m is "
-        f"50 MiB/s); {restore.UNLIMITED!r}: unlimited loopback",
-    )
+    restore.add_rates(parser)
     parser.add_argument(
         "--pairs",
         type=int,
