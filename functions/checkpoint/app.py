@@ -3,20 +3,23 @@ the attempt's task only) and the upload and record of its frozen checkout."""
 
 from __future__ import annotations
 
-from aws_lambda_powertools.event_handler import Response
+from seedkeeper.coldstart import handler_imports
 
-from seedkeeper.api.answers import REQUEST_REFUSALS, answer, documented
-from seedkeeper.api.http import entrypoint, function_url_app
-from seedkeeper.config import checkpoint_service_from_env, task_starts_from_env
-from seedkeeper.domain.outcomes import (
-    CheckpointNotTaken,
-    CheckpointRecorded,
-    RestoreGrant,
-    UploadGrant,
-)
-from seedkeeper.services import task_start
-from seedkeeper.services.checkpoints import REFUSALS, Captured, NotTaken
-from seedkeeper.services.task_start import TaskStart
+with handler_imports():  # no collection over what lives as long as the process
+    from aws_lambda_powertools.event_handler import Response
+
+    from seedkeeper.api.answers import REQUEST_REFUSALS, answer, documented
+    from seedkeeper.api.http import entrypoint, function_url_app
+    from seedkeeper.config import checkpoint_service_from_env, task_starts_from_env
+    from seedkeeper.domain.outcomes import (
+        CheckpointNotTaken,
+        CheckpointRecorded,
+        RestoreGrant,
+        UploadGrant,
+    )
+    from seedkeeper.services import task_start
+    from seedkeeper.services.checkpoints import REFUSALS, Captured, NotTaken
+    from seedkeeper.services.task_start import TaskStart
 
 app = function_url_app()
 

@@ -3,12 +3,15 @@ seeded ones, records the loss of those whose task stopped first, pays what is ow
 
 from __future__ import annotations
 
-from typing import Any
+from seedkeeper.coldstart import handler_imports
 
-from aws_lambda_powertools.utilities.typing import LambdaContext
+with handler_imports():  # no collection over what lives as long as the process
+    from typing import Any
 
-from seedkeeper.config import sweeper_from_env
-from seedkeeper.observability import logger
+    from aws_lambda_powertools.utilities.typing import LambdaContext
+
+    from seedkeeper.config import sweeper_from_env
+    from seedkeeper.observability import logger
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from seedkeeper.coldstart import handler_imports
 
-from aws_lambda_powertools.event_handler import Response
-from aws_lambda_powertools.event_handler.openapi.params import Path
+with handler_imports():  # no collection over what lives as long as the process
+    from typing import Annotated
 
-from seedkeeper.api.answers import REQUEST_REFUSALS, answer, documented
-from seedkeeper.api.http import entrypoint, function_url_app
-from seedkeeper.config import snapshots_from_env
-from seedkeeper.domain.models import ResourceName
-from seedkeeper.domain.outcomes import Payment, Recorded, SnapshotStatus
-from seedkeeper.domain.snapshots import NewSnapshot
-from seedkeeper.services.rotation import RECORD_REFUSALS
+    from aws_lambda_powertools.event_handler import Response
+    from aws_lambda_powertools.event_handler.openapi.params import Path
+
+    from seedkeeper.api.answers import REQUEST_REFUSALS, answer, documented
+    from seedkeeper.api.http import entrypoint, function_url_app
+    from seedkeeper.config import snapshots_from_env
+    from seedkeeper.domain.models import ResourceName
+    from seedkeeper.domain.outcomes import Payment, Recorded, SnapshotStatus
+    from seedkeeper.domain.snapshots import NewSnapshot
+    from seedkeeper.services.rotation import RECORD_REFUSALS
 
 app = function_url_app()
 

@@ -3,13 +3,16 @@ checkpoint) into a slot, bound to the owner claim; keep a slot alive without a s
 
 from __future__ import annotations
 
-from aws_lambda_powertools.event_handler import Response
+from seedkeeper.coldstart import handler_imports
 
-from seedkeeper.api.answers import REQUEST_REFUSALS, answer, documented
-from seedkeeper.api.http import entrypoint, function_url_app
-from seedkeeper.config import seed_service_from_env
-from seedkeeper.domain.outcomes import Cold, KeptAlive, NotSeeded, Seeded, Seeding
-from seedkeeper.services.seed import KEEPALIVE_REFUSALS, REFUSALS, KeepaliveRequest, SeedRequest
+with handler_imports():  # no collection over what lives as long as the process
+    from aws_lambda_powertools.event_handler import Response
+
+    from seedkeeper.api.answers import REQUEST_REFUSALS, answer, documented
+    from seedkeeper.api.http import entrypoint, function_url_app
+    from seedkeeper.config import seed_service_from_env
+    from seedkeeper.domain.outcomes import Cold, KeptAlive, NotSeeded, Seeded, Seeding
+    from seedkeeper.services.seed import KEEPALIVE_REFUSALS, REFUSALS, KeepaliveRequest, SeedRequest
 
 app = function_url_app()
 OUTCOMES = [Seeded, NotSeeded, Cold, Seeding]

@@ -3,13 +3,16 @@ for its own owner only. It never answers with a stop permit."""
 
 from __future__ import annotations
 
-from aws_lambda_powertools.event_handler import Response
+from seedkeeper.coldstart import handler_imports
 
-from seedkeeper.api.answers import REQUEST_REFUSALS, answer, documented
-from seedkeeper.api.http import entrypoint, function_url_app
-from seedkeeper.config import witness_from_env
-from seedkeeper.domain.outcomes import Evidence
-from seedkeeper.services.receipts import NO_MATCH, EvidenceRequest
+with handler_imports():  # no collection over what lives as long as the process
+    from aws_lambda_powertools.event_handler import Response
+
+    from seedkeeper.api.answers import REQUEST_REFUSALS, answer, documented
+    from seedkeeper.api.http import entrypoint, function_url_app
+    from seedkeeper.config import witness_from_env
+    from seedkeeper.domain.outcomes import Evidence
+    from seedkeeper.services.receipts import NO_MATCH, EvidenceRequest
 
 app = function_url_app()
 

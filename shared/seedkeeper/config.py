@@ -18,23 +18,24 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from seedkeeper.adapters import aws
 from seedkeeper.adapters.clock import epoch_seconds
 from seedkeeper.adapters.r2 import R2, R2Settings, transfer_mode
-from seedkeeper.adapters.runtime import RuntimeSettings, runtime_from
 from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.record import MAX_SWEEP_SHARDS, SWEEP_SHARDS
-from seedkeeper.store.lifecycle import Lifecycle
 
-# Each factory imports the service it builds when it is called: a function imports only
-# the one it serves, which keeps every handler's cold start short.
+# Each factory imports the service and the store it builds when it is called: a function
+# imports only those it serves (the lifecycle's writes only where it writes), which keeps
+# every handler's cold start short.
 if TYPE_CHECKING:
     from boto3.session import Session
     from mypy_boto3_dynamodb.service_resource import Table
 
+    from seedkeeper.adapters.runtime import RuntimeSettings, SlotRuntime
     from seedkeeper.services.checkpoints import CheckpointService
     from seedkeeper.services.receipts import Witness
     from seedkeeper.services.rotation import Snapshots
     from seedkeeper.services.seed import SeedService, SeedSettings
     from seedkeeper.services.sweep import RetainedAlertSettings, Sweeper, SweepSettings
     from seedkeeper.services.task_start import TaskStarts
+    from seedkeeper.store.lifecycle import Lifecycle
 
 
 class StoreSettings(BaseSettings):
@@ -59,6 +60,8 @@ class StoreSettings(BaseSettings):
         )
 
     def lifecycle(self) -> Lifecycle:
+        from seedkeeper.store.lifecycle import Lifecycle
+
         return Lifecycle(self.table_resource(), shards=self.sweep_shards)
 
 
@@ -67,6 +70,14 @@ def r2_if_configured(settings: R2Settings, session: Session | None = None) -> R2
     if transfer_mode(settings).mode != "presigned":
         return None
     return R2.from_settings(settings, session)
+
+
+def runtime_from(settings: RuntimeSettings) -> SlotRuntime:
+    """The slot runtime `settings` name. Its module is imported here, by the two functions
+    that launch or look at tasks, when a task is first touched: the others never need it."""
+    from seedkeeper.adapters import runtime
+
+    return runtime.runtime_from(settings)
 
 
 # Each builder below is cached per settings and session; the `*_from_env` ones name the
@@ -99,6 +110,7 @@ def seed_service(
     session: Session,
 ) -> SeedService:
     from seedkeeper.services.seed import SeedService
+    from seedkeeper.store.lifecycle import Lifecycle
     from seedkeeper.store.snapshots import SnapshotStore
 
     table = store.table_resource(session)
@@ -113,6 +125,7 @@ def seed_service(
 
 
 def seed_service_from_env() -> SeedService:
+    from seedkeeper.adapters.runtime import RuntimeSettings
     from seedkeeper.services.seed import SeedSettings
 
     return seed_service(
@@ -123,9 +136,10 @@ def seed_service_from_env() -> SeedService:
 @cache
 def witness(store: StoreSettings, r2: R2Settings, session: Session) -> Witness:
     from seedkeeper.services.receipts import Witness
+    from seedkeeper.store.records import Records
 
     return Witness(
-        Lifecycle(store.table_resource(session), shards=store.sweep_shards),
+        Records(store.table_resource(session)),
         r2_if_configured(r2, session),
         epoch_seconds,
     )
@@ -140,6 +154,7 @@ def checkpoint_service(
     store: StoreSettings, r2: R2Settings, retention: RetentionSettings, session: Session
 ) -> CheckpointService:
     from seedkeeper.services.checkpoints import CheckpointService
+    from seedkeeper.store.lifecycle import Lifecycle
 
     return CheckpointService(
         lifecycle=Lifecycle(store.table_resource(session), shards=store.sweep_shards),
@@ -157,6 +172,7 @@ def checkpoint_service_from_env() -> CheckpointService:
 @cache
 def task_starts(store: StoreSettings, r2: R2Settings, session: Session) -> TaskStarts:
     from seedkeeper.services.task_start import TaskStarts
+    from seedkeeper.store.lifecycle import Lifecycle
     from seedkeeper.store.snapshots import SnapshotStore
 
     table = store.table_resource(session)
@@ -185,6 +201,7 @@ def sweeper(
     alert: RetainedAlertSettings,
 ) -> Sweeper:
     from seedkeeper.services.sweep import Sweeper
+    from seedkeeper.store.lifecycle import Lifecycle
     from seedkeeper.store.sweep_index import SweepIndex
 
     table = store.table_resource(session)
@@ -202,6 +219,7 @@ def sweeper(
 
 
 def sweeper_from_env() -> Sweeper:
+    from seedkeeper.adapters.runtime import RuntimeSettings
     from seedkeeper.services.sweep import RetainedAlertSettings, SweepSettings
 
     return sweeper(

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic_settings import BaseSettings
 
 from seedkeeper.adapters.r2 import R2Settings, transfer_mode
 from seedkeeper.adapters.runtime import RuntimeSettings
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain.checkpoints import RetentionSettings
-from seedkeeper.domain.settings import EnvSettings
 from seedkeeper.services.seed import SeedSettings
 from seedkeeper.services.sweep import SweepSettings
 from seedkeeper_tools.infra import ROOT, load_template
@@ -45,7 +45,7 @@ STACK = {
     "HOME": "/root",
 }
 # The settings each function reads (as tests/unit/test_template.py lists them), by logical id.
-READS: dict[str, tuple[type[EnvSettings], ...]] = {
+READS: dict[str, tuple[type[BaseSettings], ...]] = {
     "SeedFunction": (StoreSettings, R2Settings, RuntimeSettings, SeedSettings),
     "ReceiptFunction": (StoreSettings, R2Settings),
     "SlotEvidenceFunction": (StoreSettings, R2Settings),

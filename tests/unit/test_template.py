@@ -25,7 +25,6 @@ from seedkeeper.domain.outcomes import CheckpointNotTaken
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import State, Supported
 from seedkeeper.domain.runtime import UNKNOWN, TaskState, TaskStatus
-from seedkeeper.domain.settings import EnvSettings
 from seedkeeper.observability import METRICS_NAMESPACE
 from seedkeeper.services.checkpoints import CheckpointOp, CheckpointService, NotTaken
 from seedkeeper.services.seed import SeedSettings
@@ -48,9 +47,7 @@ INDEX = "by-deadline"
 
 # The settings each function reads, as its `*_from_env` in seedkeeper.config builds them,
 # keyed by the function's folder under functions/.
-# The functions' settings are EnvSettings; the slot task's own are pydantic-settings'.
-Settings = type[EnvSettings] | type[BaseSettings]
-READS: dict[str, tuple[Settings, ...]] = {
+READS: dict[str, tuple[type[BaseSettings], ...]] = {
     "seed": (StoreSettings, R2Settings, RuntimeSettings, SeedSettings),
     "receipt": (StoreSettings, R2Settings),
     "slot_evidence": (StoreSettings, R2Settings),
@@ -58,7 +55,7 @@ READS: dict[str, tuple[Settings, ...]] = {
     "checkpoint": (StoreSettings, R2Settings, RetentionSettings),
     "idle_sweep": (StoreSettings, R2Settings, RuntimeSettings, SweepSettings),
 }
-SLOT_TASK_READS: tuple[Settings, ...] = (
+SLOT_TASK_READS: tuple[type[BaseSettings], ...] = (
     StoreSettings,
     TaskSettings,
     CheckpointSettings,
@@ -253,7 +250,7 @@ def sample_values(template: Template) -> dict[str, Any]:
     return defaults | SAMPLE_VALUES
 
 
-def env_names(*classes: Settings) -> set[str]:
+def env_names(*classes: type[BaseSettings]) -> set[str]:
     """The environment variables these settings read (case-insensitive, so upper-cased)."""
     names = set()
     for settings in classes:
@@ -540,7 +537,7 @@ def test_without_r2_parameters_the_functions_run_cold(
     ],
 )
 def test_every_value_a_parameter_allows_the_code_accepts(
-    template: Template, parameter: str, settings: Settings, field: str
+    template: Template, parameter: str, settings: type[BaseSettings], field: str
 ) -> None:
     declared = template["Parameters"][parameter]
     for value in (declared["MinValue"], declared["Default"], declared["MaxValue"]):

@@ -19,7 +19,7 @@ from seedkeeper.domain.outcomes import CheckpointState, Evidence, Receipt
 from seedkeeper.domain.record import Absent, Checkpoint, SlotRecord, State, Supported
 from seedkeeper.domain.refused import Refused
 from seedkeeper.errors import R2Unavailable
-from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper.store.records import Records
 
 
 class ReceiptRequest(Model):
@@ -44,13 +44,13 @@ NO_MATCH = "no-match"
 
 
 class Witness:
-    def __init__(self, lifecycle: Lifecycle, r2: R2 | None, clock: Callable[[], int]) -> None:
-        self._lifecycle = lifecycle
+    def __init__(self, records: Records, r2: R2 | None, clock: Callable[[], int]) -> None:
+        self._records = records
         self._r2 = r2
         self._clock = clock
 
     def receipt(self, request: ReceiptRequest) -> Receipt | Refused:
-        classified = self._lifecycle.read(request.slot)
+        classified = self._records.read(request.slot)
         if isinstance(classified, Absent):
             return Refused(NO_MATCH)
         if not isinstance(classified, Supported):
@@ -80,7 +80,7 @@ class Witness:
         )
 
     def evidence(self, request: EvidenceRequest) -> Evidence | Refused:
-        classified = self._lifecycle.read(request.slot)
+        classified = self._records.read(request.slot)
         if not isinstance(classified, Supported) or classified.record.owner != request.claim:
             return Refused(NO_MATCH)
         record = classified.record

@@ -56,6 +56,7 @@ from seedkeeper.domain.transitions import (
 )
 from seedkeeper.errors import translate_client_error
 from seedkeeper.store.items import owed_since, transaction_condition
+from seedkeeper.store.records import Records
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -91,20 +92,12 @@ class Unmet:
 Outcome = Written | Conflict | Acknowledged | Refused
 
 
-class Lifecycle:
-    def __init__(self, table: Table, *, shards: int = SWEEP_SHARDS) -> None:
-        self._table = table
-        self._shards = shards  # how many shards of the sweep's index a live record spreads over
+class Lifecycle(Records):
+    """The record's reads (`Records`) and its writes."""
 
-    def read(self, slot: str, *, consistent: bool = True) -> Classified:
-        """The record as it is now. Strongly consistent unless told: reads that decide must
-        not see the past. A watcher that only looks for a change (the slot task's, half the
-        cost) reads eventually consistent and re-reads consistently before it acts."""
-        try:
-            response = self._table.get_item(Key=slot_key(slot), ConsistentRead=consistent)
-        except ClientError as error:
-            raise translate_client_error(error) from error
-        return classify(slot, response.get("Item"))
+    def __init__(self, table: Table, *, shards: int = SWEEP_SHARDS) -> None:
+        super().__init__(table)
+        self._shards = shards  # how many shards of the sweep's index a live record spreads over
 
     def birth(
         self,
