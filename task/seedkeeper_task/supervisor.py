@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from seedkeeper.adapters import aws
@@ -239,10 +239,9 @@ class SlotTask:
                 raise
             fixed.set_result(None)
             with self._step("deps"):
-                if deps_placed is not None:
-                    deps_placed.result()
+                deps_links = deps_placed.result() if deps_placed is not None else None
         with self._step("links"):
-            self._check_whole_checkout()
+            self._check_whole_checkout(deps_links)
         with self._step("marker"):
             self._write_marker(seed, head)
         return head
@@ -304,10 +303,11 @@ class SlotTask:
         before_placing: Callable[[], None] | None = None,
         *,
         checkpoint: bool = False,
-    ) -> None:
-        """`before_placing` given: staged in the workspace, placed after it returns."""
+    ) -> dict[PurePosixPath, str]:
+        """`before_placing` given: staged in the workspace, placed after it returns. Answers
+        the tree's links."""
         try:
-            extract(
+            return extract(
                 archive,
                 target,
                 owner=self.settings.slot_user(),
@@ -320,7 +320,9 @@ class SlotTask:
         except (ExtractFailed, FileExistsError) as failed:
             raise StepFailed("extract", "seed-failed", str(failed)) from failed
 
-    def _extract_deps(self, deps: Archive, checkout_fixed: Future[None]) -> None:
+    def _extract_deps(
+        self, deps: Archive, checkout_fixed: Future[None]
+    ) -> dict[PurePosixPath, str]:
         """The deps archive, once verified, staged in the workspace and checked while the
         checkout extracts and git is fixed up; placed at the deps path after that."""
         target = self.checkout / self.plan.deps_path
@@ -329,7 +331,7 @@ class SlotTask:
             checkout_fixed.result()
             self._make_folders_above(target)
 
-        self._extract(self._downloaded("deps", deps), target, place)
+        return self._extract(self._downloaded("deps", deps), target, place)
 
     def _make_folders_above(self, target: Path) -> None:
         """The folders a nested deps path lands in, the slot user's like the rest of the
@@ -346,12 +348,14 @@ class SlotTask:
         except OSError as failed:
             raise StepFailed("extract", "seed-failed", f"deps path: {failed.strerror}") from failed
 
-    def _check_whole_checkout(self) -> None:
+    def _check_whole_checkout(self, deps_links: dict[PurePosixPath, str] | None) -> None:
         """Each archive was checked against its own root; the checkout and the deps tree
         inside it are checked together (a link in one may climb through a link in the
-        other), after git has written the seed's commit."""
+        other), after git has written the seed's commit. The deps tree, placed after git
+        ran and not changed since, is not walked again: its links are the ones checked."""
+        placed = PurePosixPath(self.plan.deps_path) if deps_links is not None else None
         try:
-            check_links(self.checkout)
+            check_links(self.checkout, placed, deps_links or {})
         except UnsafeArchive as unsafe:
             raise StepFailed("fixup", "unsafe-archive", str(unsafe)) from unsafe
 

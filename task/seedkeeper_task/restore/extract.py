@@ -77,7 +77,7 @@ def extract(
     worktree_links_may_leave: bool = False,
     staging_in: Path | None = None,
     before_placing: Callable[[], None] | None = None,
-) -> None:
+) -> dict[PurePosixPath, str]:
     """Extract `archive` so that `target` (which must not exist) appears last and complete:
     unsquashfs into a fresh staging folder (hidden name like `.<name>.staging-<random>`,
     in `staging_in`, by default target's parent: it must be on target's filesystem),
@@ -86,7 +86,7 @@ def extract(
     staging directory and leave target absent. Never follow or create anything outside
     staging. With `owner`, unsquashfs runs as that user (who must be able to reach
     `archive` and the staging folder's parent) and the tree is theirs; without, it is this
-    process's user's.
+    process's user's. Answers the tree's links (path relative to target -> link target).
 
     A corrupt or truncated archive raises ExtractFailed, from the listing when its tables
     are damaged, from the extraction when a data block is. An existing target raises
@@ -113,7 +113,7 @@ def extract(
         threads = [] if processors is None else ["-processors", str(processors)]
         _unsquashfs([*UNSQUASHFS_COMMAND, *threads, "-d", str(staging), str(archive)], owner)
         owned_by = (os.geteuid(), os.getegid()) if owner is None else (owner.uid, owner.gid)
-        check_tree(staging, owned_by, worktree_links_may_leave=worktree_links_may_leave)
+        links = check_tree(staging, owned_by, worktree_links_may_leave=worktree_links_may_leave)
         if before_placing is not None:
             before_placing()
         _rename_noreplace(staging, target)
@@ -122,6 +122,7 @@ def extract(
         # nothing is still writing into what we remove.
         remove_tree(staging)
         raise
+    return links
 
 
 def sweep_staging(parent: Path) -> list[Path]:
@@ -178,10 +179,11 @@ def listed_paths(listing: bytes, prefix: bytes) -> list[bytes]:
 
 def check_tree(
     root: Path, owner: tuple[int, int], *, worktree_links_may_leave: bool = False
-) -> None:
+) -> dict[PurePosixPath, str]:
     """Walk the staged tree without following symlinks; refuse device nodes and any symlink
     that could lead outside `root`; give every entry to `owner` (uid, gid) and strip
-    setuid/setgid bits (root restores an archive's owners and modes as they are)."""
+    setuid/setgid bits (root restores an archive's owners and modes as they are). Answers
+    its links (relative path -> target)."""
     _own(root, os.lstat(root), owner)
     links: dict[PurePosixPath, str] = {}
     for kind, mode, owned_by, relative, target in _notable(root, owner):
@@ -195,13 +197,24 @@ def check_tree(
         elif mode & _PRIVILEGE_BITS:
             os.chmod(path, mode & ~_PRIVILEGE_BITS)
     _refuse_escaping(links, worktree_links_may_leave=worktree_links_may_leave)
+    return links
 
 
-def check_links(root: Path) -> None:
+def check_links(
+    root: Path, placed: PurePosixPath | None = None, placed_links: Mapping[PurePosixPath, str] = {}
+) -> None:
     """Only `check_tree`'s symlink check, for a tree whose parts were each checked whole
-    (a checkout with its deps tree inside)."""
-    found = _find(root, ["-type", "l", "-printf", "%P\\0%l\\0"], fields=2)
-    _refuse_escaping({PurePosixPath(os.fsdecode(link)): os.fsdecode(to) for link, to in found})
+    (a checkout with its deps tree inside). `placed`: a tree placed at that path once it was
+    checked, whose links `check_tree` answered: not walked again."""
+    skipped = [] if placed is None else ["-path", str(root / placed), "-prune", "-o"]
+    expression = [*skipped, "-type", "l", "-printf", "%P\\0%l\\0"]
+    found = {
+        PurePosixPath(os.fsdecode(link)): os.fsdecode(to)
+        for link, to in _find(root, expression, fields=2)
+    }
+    if placed is not None:
+        found |= {placed / link: to for link, to in placed_links.items()}
+    _refuse_escaping(found)
 
 
 def _refuse_escaping(
