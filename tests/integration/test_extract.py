@@ -18,6 +18,7 @@ from repos import git, new_repository
 from seedkeeper_task.restore.extract import (
     ExtractFailed,
     UnsafeArchive,
+    _listed,
     check_listing,
     extract,
     listed_paths,
@@ -554,7 +555,7 @@ def test_listed_paths_keeps_names_whole() -> None:
             b"/d/fake\nseedkeeper-other/../x",
         ]
     )
-    assert listed_paths(listing, prefix) == [
+    whole = [
         b"a name",
         b"x -> y",
         b"two\nlines",
@@ -562,6 +563,11 @@ def test_listed_paths_keeps_names_whole() -> None:
         b"d/\xffbyte",
         b"d/fake\nseedkeeper-other/../x",
     ]
+    assert listed_paths(listing, prefix) == whole
+    # Read as it arrives (never held whole): cut anywhere, even inside a separator.
+    for size in (1, 2, 3, 5, 7, 16):
+        chunks = [listing[at : at + size] for at in range(0, len(listing), size)]
+        assert list(_listed(chunks, prefix)) == whole
 
 
 @pytest.mark.parametrize(

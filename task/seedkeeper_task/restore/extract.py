@@ -18,15 +18,19 @@ recursive chown is needed; the staged-tree check then finds nothing to fix.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import hashlib
 import os
 import re
 import secrets
 import shutil
 import stat
 import subprocess
-from collections.abc import Callable, Iterator, Mapping
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from pathlib import Path, PurePosixPath
 
 from seedkeeper.errors import SeedkeeperError
@@ -51,6 +55,8 @@ UNSQUASHFS_COMMAND = (
 )
 _STAGING = re.compile(r"\..+\.staging-[0-9a-f]{16}", re.DOTALL)
 _STDERR_TAIL = 600
+_OUTPUT_CHUNK = 1024 * 1024
+_EXIT_GRACE = 1.0  # seconds for unsquashfs to exit once its output ended early
 _MAX_SYMLINK_HOPS = 40  # Linux's MAXSYMLINKS: a longer chain cannot be resolved at all
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
@@ -103,7 +109,7 @@ def extract(
         raise ValueError("processors must be at least 1")
     if os.path.lexists(target):
         raise FileExistsError(errno.EEXIST, "extraction target exists", str(target))
-    check_listing(_list(archive, owner))
+    _check_listed(archive, owner)
     staging = (staging_in or target.parent) / f".{target.name[:128]}.staging-{secrets.token_hex(8)}"
     # mkdir is exclusive: the staging directory is ours and fresh, never a planted symlink.
     staging.mkdir(mode=0o700)
@@ -143,18 +149,21 @@ def sweep_staging(parent: Path) -> list[Path]:
     return removed
 
 
-def check_listing(paths: list[bytes]) -> None:
+def check_listing(paths: Iterable[bytes]) -> None:
     """Refuse any listed entry that is absolute, has an empty, `.` or `..` component (a
     name holding `/` shows as one of these), or appears twice (a symlink and a directory
-    of one name is how an extractor is led to write through the symlink)."""
-    seen: set[bytes] = set()
+    of one name is how an extractor is led to write through the symlink). What it keeps of
+    each path is an 8-byte digest, so its memory stays small however many entries come (two
+    different paths sharing one would be refused as a duplicate: the safe side)."""
+    seen: set[int] = set()
     for path in paths:
         parts = path.split(b"/")
         if any(part in (b"", b".", b"..") for part in parts):
             raise UnsafeArchive(f"entry {_show(path)} is absolute or has a '.' or '..' part")
-        if path in seen:
+        key = int.from_bytes(hashlib.blake2b(path, digest_size=8).digest(), "big")
+        if key in seen:
             raise UnsafeArchive(f"entry {_show(path)} appears twice")
-        seen.add(path)
+        seen.add(key)
 
 
 def listed_paths(listing: bytes, prefix: bytes) -> list[bytes]:
@@ -164,17 +173,33 @@ def listed_paths(listing: bytes, prefix: bytes) -> list[bytes]:
     hold spaces, ` -> ` or newlines. `prefix` is a fresh random token: a new entry starts
     exactly where `\\n<prefix>/` does, and a name cannot contain a token chosen after the
     archive was made. Anything else is refused rather than guessed at."""
-    if not listing.endswith(b"\n"):
+    return list(_listed([listing], prefix))
+
+
+def _listed(chunks: Iterable[bytes], prefix: bytes) -> Iterator[bytes]:
+    """`listed_paths` over the listing as it arrives, in chunks of any size."""
+    separator = b"\n" + prefix
+    pending, root_seen = b"", False
+    for chunk in chunks:
+        *complete, pending = (pending + chunk).split(separator)
+        for piece in complete:
+            if root_seen:
+                yield _listed_path(piece)
+            elif piece != prefix:
+                raise UnsafeArchive("archive listing is malformed (no root entry)")
+            root_seen = True
+    if not pending.endswith(b"\n"):
         raise UnsafeArchive("archive listing is malformed (no final newline)")
-    pieces = listing[:-1].split(b"\n" + prefix)
-    if pieces[0] != prefix:
+    if root_seen:
+        yield _listed_path(pending[:-1])
+    elif pending[:-1] != prefix:
         raise UnsafeArchive("archive listing is malformed (no root entry)")
-    paths: list[bytes] = []
-    for piece in pieces[1:]:
-        if not piece.startswith(b"/"):
-            raise UnsafeArchive(f"archive listing is malformed near {_show(piece)}")
-        paths.append(piece[1:])
-    return paths
+
+
+def _listed_path(piece: bytes) -> bytes:
+    if not piece.startswith(b"/"):
+        raise UnsafeArchive(f"archive listing is malformed near {_show(piece)}")
+    return piece[1:]
 
 
 def check_tree(
@@ -302,8 +327,7 @@ def _find(root: Path, expression: list[str], *, fields: int) -> list[list[bytes]
     NUL-separated output in groups of `fields`. A directory that cannot be read makes find
     fail: what it holds cannot be checked."""
     argv = ["find", str(root), "-mindepth", "1", *expression]
-    environment = {"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C"}
-    done = subprocess.run(argv, capture_output=True, check=False, env=environment)
+    done = subprocess.run(argv, capture_output=True, check=False, env=_environment())
     if done.returncode != 0:
         tail = os.fsdecode(done.stderr).strip()[-_STDERR_TAIL:]
         raise UnsafeArchive(f"the tree cannot be walked whole, so cannot be checked: {tail}")
@@ -321,28 +345,59 @@ def _own(path: str | Path, info: os.stat_result, owner: tuple[int, int]) -> None
         os.chmod(path, stat.S_IMODE(info.st_mode) & ~_PRIVILEGE_BITS)
 
 
-def _list(archive: Path, owner: SlotUser | None) -> list[bytes]:
-    """The archive's entry paths, read from its metadata before anything is written."""
+def _check_listed(archive: Path, owner: SlotUser | None) -> None:
+    """`check_listing` of the archive's entry paths, read from its metadata before anything
+    is written, as unsquashfs prints them (never held whole: the memory stays flat)."""
     prefix = f"seedkeeper-{secrets.token_hex(16)}"
     argv = ["unsquashfs", "-no-progress", "-d", prefix, "-ls", str(archive)]
-    return listed_paths(_unsquashfs(argv, owner), prefix.encode())
+    _unsquashfs(argv, owner, lambda chunks: check_listing(_listed(chunks, prefix.encode())))
 
 
-def _unsquashfs(argv: list[str], owner: SlotUser | None) -> bytes:
+def _unsquashfs(
+    argv: list[str], owner: SlotUser | None, read: Callable[[Iterator[bytes]], None] | None = None
+) -> None:
     """unsquashfs reads hostile bytes: it runs as the owner when there is one, and never
-    sees this process's environment (which may hold credentials)."""
+    sees this process's environment (which may hold credentials). `read` is handed its
+    output as it comes (without one, the output is discarded); whatever ends this early (a
+    refusal from `read`, an interruption) kills and reaps unsquashfs first."""
     dropped = owner.subprocess_kwargs() if owner is not None else {}
-    environment = {"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C"}
-    try:
-        done: subprocess.CompletedProcess[bytes] = subprocess.run(
-            argv, capture_output=True, check=False, env=environment, **dropped
-        )
-    except FileNotFoundError as missing:
-        raise ExtractFailed("unsquashfs is not installed (squashfs-tools)") from missing
-    if done.returncode != 0:
-        tail = os.fsdecode(done.stderr).strip()[-_STDERR_TAIL:]
-        raise ExtractFailed(f"unsquashfs exited {done.returncode}: {tail}")
-    return done.stdout
+    with tempfile.TemporaryFile() as errors:
+        try:
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if read is not None else subprocess.DEVNULL,
+                stderr=errors,
+                env=_environment(),
+                **dropped,
+            )
+        except FileNotFoundError as missing:
+            raise ExtractFailed("unsquashfs is not installed (squashfs-tools)") from missing
+        with process:
+            try:
+                if read is not None:
+                    assert process.stdout is not None
+                    read(iter(partial(process.stdout.read, _OUTPUT_CHUNK), b""))
+                process.wait()
+            except BaseException as stopped:
+                refused = isinstance(stopped, UnsafeArchive)
+                if refused:  # output cut short because unsquashfs failed: it is exiting
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        process.wait(timeout=_EXIT_GRACE)
+                process.kill()
+                process.wait()
+                if not (refused and process.returncode > 0):
+                    raise
+                # unsquashfs failed on its own, so its output was cut short: its error says why
+        if process.returncode != 0:
+            errors.seek(0)
+            tail = os.fsdecode(errors.read()).strip()[-_STDERR_TAIL:]
+            raise ExtractFailed(f"unsquashfs exited {process.returncode}: {tail}")
+
+
+def _environment() -> dict[str, str]:
+    """All a helper (unsquashfs, find) is given of the environment."""
+    return {"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C"}
 
 
 def _rename_noreplace(source: Path, target: Path) -> None:
