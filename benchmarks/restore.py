@@ -1519,9 +1519,8 @@ def report(
         "[dim]ours' steps are the task's own (result.steps, inside result.ms); whatever it "
         "does before its restore's clock starts (its downloads start with the process) falls "
         f"in 'process'. disk: {disks.description}; nginx on loopback, the archives in the "
-        "page cache; the task downloads the deps archive, then the checkout, each in 8 ranges "
-        "at once, curl one stream at a time, aria2c 4 per archive, both at once (8 in all as "
-        "the task's); nothing caps the connections' "
+        "page cache; the task downloads both archives at once in 4 ranges each, curl one "
+        "stream at a time, aria2c 4 per archive, both at once; nothing caps the connections' "
         "sum.[/dim]"
     )
     _targets(console, inputs, results)

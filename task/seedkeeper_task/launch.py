@@ -35,10 +35,7 @@ from seedkeeper_task.sandbox import STATE_DIR, make_undumpable
 from seedkeeper_task.settings import CheckpointSettings, TaskSettings
 
 ArchiveName = Literal["checkout", "deps", "resume"]
-# The order they download in, one after another, each with every connection: the deps
-# tree first, since it holds the most files per byte and so extracts longest; the
-# checkout's extraction and git's fix-up fit within it.
-ARCHIVES: tuple[ArchiveName, ...] = ("deps", "checkout", "resume")
+ARCHIVES: tuple[ArchiveName, ...] = ("checkout", "deps", "resume")
 # The start's call: tried this many times, waiting 1, 2, 4... seconds between (a function
 # being deployed, a throttle); each call bounded.
 _START_TRIES = 5
@@ -89,8 +86,7 @@ def start(plan: SlotPlan, incarnation: str | None, stop: threading.Event) -> Res
 
 
 class Prefetch:
-    """The granted archives, downloading from construction, one after another in
-    ARCHIVES' order (each in `download_parts` ranges at once), into
+    """The granted archives, each downloading in its own thread from construction, into
     `<workspace>/<STATE_DIR>/downloads/<name>.sqsh`, verified against the grant's size and
     sha256. `result` waits for one; `close` stops them all and waits for them to end."""
 
@@ -102,7 +98,7 @@ class Prefetch:
             name: archive for name, archive in granted.items() if archive is not None
         }
         self._cancel = _EitherSet(stop)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="download")  # in ARCHIVES' order
+        self._pool = ThreadPoolExecutor(max(1, len(wanted)), thread_name_prefix="download")
         self._downloads: dict[str, Future[Path]] = {}
         if not wanted:
             return

@@ -26,8 +26,7 @@ class TaskSettings(BaseSettings):
     workspace: Path = Path("/workspace")
     incarnation: str | None = None
     restore_timeout: Annotated[float, Field(gt=0)] = 900.0
-    # Ranged GETs at once: one archive at a time takes them all (launch.Prefetch).
-    download_parts: Annotated[int, Field(ge=1, le=32)] = 8
+    download_parts: Annotated[int, Field(ge=1, le=32)] = 4
     download_stall_timeout: Annotated[float, Field(gt=0)] = 15.0  # seconds without a byte
     download_retries: Annotated[int, Field(ge=0, le=20)] = 5  # per range, in a row, no progress
     # The slot user: runs unsquashfs, git and the sandbox, owns the restored tree. None, or

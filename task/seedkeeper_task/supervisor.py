@@ -216,7 +216,7 @@ class SlotTask:
         return record
 
     def _seed(self, seed: SeedIdentity, created: list[Path]) -> str:
-        """The archives have been downloading since the start, the deps archive first. The checkout
+        """The archives have been downloading since the start, both at once. The checkout
         extracts as soon as it is verified, and git is fixed up in it; meanwhile the deps
         archive, once verified, extracts beside it (staged in the workspace), and is placed
         inside it once the fix-up is done. Then the whole checkout's links are checked."""
