@@ -308,7 +308,7 @@ class Result:
         medians["other (preflight, cleanup)"] = statistics.median(
             run.restore_s - sum(run.steps_ms.values()) / 1000 for run in runs
         )
-        medians["process (interpreter, imports, start call, settle, exit)"] = statistics.median(
+        medians["process (interpreter, imports, start call, settle)"] = statistics.median(
             run.process_s - run.restore_s for run in runs
         )
         return medians
