@@ -13,6 +13,8 @@ import sys
 from pathlib import Path, PurePosixPath
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from repos import git, new_repository
 from seedkeeper_task.restore.extract import (
@@ -279,6 +281,7 @@ def test_a_device_node_is_refused(tmp_path: Path, place: Path) -> None:
         ("/d/../../escaped", "'d/../../escaped' is absolute"),
         ("//etc/passwd", "'/etc/passwd' is absolute"),
         ("/README.md", "'README.md' appears twice"),
+        ("/AAA", "'AAA' is out of the archive's order"),
     ],
 )
 def test_our_listing_check_refuses_without_relying_on_unsquashfs(
@@ -567,7 +570,7 @@ def test_listed_paths_keeps_names_whole() -> None:
     # Read as it arrives (never held whole): cut anywhere, even inside a separator.
     for size in (1, 2, 3, 5, 7, 16):
         chunks = [listing[at : at + size] for at in range(0, len(listing), size)]
-        assert list(_listed(chunks, prefix)) == whole
+        assert [path for batch in _listed(chunks, prefix) for path in batch] == whole
 
 
 @pytest.mark.parametrize(
@@ -594,7 +597,63 @@ def test_check_listing_refuses_hostile_paths(path: bytes) -> None:
 
 
 def test_check_listing_accepts_odd_but_harmless_names() -> None:
-    check_listing([b"...", b"..a", b"a..", b".git", b"a b", b"x -> ../y", b"n\n..", b"\xff"])
+    check_listing([b"...", b"..a", b".git", b"a b", b"a..", b"n\n..", b"x -> ../y", b"\xff"])
+
+
+@pytest.mark.parametrize(
+    ("listing", "refused", "why"),
+    [
+        ([b"a", b"b", b"a"], b"a", "is out of the archive's order"),
+        ([b"a", b"a"], b"a", "appears twice"),
+        ([b"a", b"a/x", b"b", b"a/y"], b"a/y", "is out of the archive's order"),  # reopened
+        ([b"a/x", b"a"], b"a", "is out of the archive's order"),  # a folder after its tree
+        ([b"d", b"d/x", b"d/x"], b"d/x", "appears twice"),
+    ],
+)
+def test_check_listing_refuses_entries_out_of_the_archive_order(
+    listing: list[bytes], refused: bytes, why: str
+) -> None:
+    """A second entry of one name (a symlink, then a folder through it) cannot come in
+    the order mksquashfs writes and unsquashfs lists; nothing else is kept to find it."""
+    with pytest.raises(UnsafeArchive, match=re.escape(f"{refused.decode()!r} {why}")):
+        check_listing(listing)
+
+
+_NAME = st.binary(min_size=1, max_size=4).filter(
+    lambda name: b"/" not in name and b"\0" not in name and name not in (b".", b"..")
+)
+
+
+@given(st.lists(st.lists(_NAME, min_size=1, max_size=4), max_size=60))
+def test_check_listing_accepts_every_tree_listed_in_the_archive_order(
+    paths: list[list[bytes]],
+) -> None:
+    """Each folder's entries sorted by name, each folder's tree right after it: accepted,
+    in any batch size, and refused once any entry is listed twice."""
+    tree = {tuple(path[:depth]) for path in paths for depth in range(1, len(path) + 1)}
+    listing = [b"/".join(path) for path in sorted(tree)]
+    check_listing(listing)
+    if listing:
+        with pytest.raises(UnsafeArchive, match=r"appears twice|out of the archive's order"):
+            check_listing([*listing, listing[len(listing) // 2]])
+
+
+def test_what_mksquashfs_writes_is_in_the_order_the_check_wants(
+    tmp_path: Path, place: Path
+) -> None:
+    """Names that sort differently by component than as whole paths (`a/b` before `a-b`
+    and `a.b`, a high byte last) are listed by unsquashfs in the order the check expects."""
+    source = tmp_path / "source"
+    for name in ("a", "a b", "a-b", "a.b", "A", "a\nb", "\udcff"):
+        (source / name / "a").mkdir(parents=True)
+        (source / name / "a" / "b").write_text("x\n")
+        (source / name / "a.b").write_text("y\n")
+        (source / name / "a-b").symlink_to("a/b")
+    archive = build_squashfs_to(source, tmp_path / "names.sqsh")
+
+    extract(archive, place / "checkout")
+
+    assert len(list((place / "checkout").rglob("*"))) == 7 * 5
 
 
 @pytest.mark.parametrize(

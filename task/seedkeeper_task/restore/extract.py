@@ -6,7 +6,8 @@ removes the staging directory, so a target that exists is always a whole, checke
 
 Two checks are defence in depth and do not rely on unsquashfs 4.5.1's own fixes
 (CVE-2021-40153, CVE-2021-41072): the listing is read before anything is written (no
-entry may be absolute, hold a `.` or `..` component, or appear twice), and the staged
+entry may be absolute, hold a `.` or `..` component, or come out of the archive's sorted
+order, which is how one that appears twice is found), and the staged
 tree is walked without following anything (no symlink may lead outside it; no device
 node may be created from an archive).
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import hashlib
+import operator
 import os
 import re
 import secrets
@@ -31,6 +32,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
+from itertools import islice
 from pathlib import Path, PurePosixPath
 
 from seedkeeper.errors import SeedkeeperError
@@ -61,6 +63,8 @@ _MAX_SYMLINK_HOPS = 40  # Linux's MAXSYMLINKS: a longer chain cannot be resolved
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
 _PRIVILEGE_BITS = stat.S_ISUID | stat.S_ISGID
+_BATCH = 8192  # listed entries checked at a time
+_SLASH_AS_NUL = bytes.maketrans(b"/", b"\0")
 
 
 class UnsafeArchive(SeedkeeperError):
@@ -151,19 +155,37 @@ def sweep_staging(parent: Path) -> list[Path]:
 
 def check_listing(paths: Iterable[bytes]) -> None:
     """Refuse any listed entry that is absolute, has an empty, `.` or `..` component (a
-    name holding `/` shows as one of these), or appears twice (a symlink and a directory
-    of one name is how an extractor is led to write through the symlink). What it keeps of
-    each path is an 8-byte digest, so its memory stays small however many entries come (two
-    different paths sharing one would be refused as a duplicate: the safe side)."""
-    seen: set[int] = set()
-    for path in paths:
-        parts = path.split(b"/")
-        if any(part in (b"", b".", b"..") for part in parts):
+    name holding `/` shows as one of these), or does not come after the one before it in
+    the archive's order: a directory's entries sorted by name, each directory's tree right
+    after it (how mksquashfs writes them, and how unsquashfs lists them). An entry that
+    appears twice (a symlink and a directory of one name is how an extractor is led to
+    write through the symlink) cannot be in that order, so nothing is kept of the entries
+    but the last one: the memory stays flat however many come."""
+    entries = iter(paths)
+    _check_batches(iter(lambda: list(islice(entries, _BATCH)), []))
+
+
+def _check_batches(batches: Iterable[list[bytes]]) -> None:
+    """`check_listing` a batch at a time, in C: no Python runs per entry but a `translate`."""
+    previous = b""
+    for batch in filter(None, batches):
+        # With `/` as NUL (no name holds one), bytes order is the archive's order and
+        # a bad component is one between two NULs.
+        keys = [path.translate(_SLASH_AS_NUL) for path in batch]
+        joined = b"\0" + b"\0".join(keys) + b"\0"
+        if any(bad in joined for bad in (b"\0\0", b"\0.\0", b"\0..\0")):
+            path = next(path for path in batch if _has_bad_part(path))
             raise UnsafeArchive(f"entry {_show(path)} is absolute or has a '.' or '..' part")
-        key = int.from_bytes(hashlib.blake2b(path, digest_size=8).digest(), "big")
-        if key in seen:
-            raise UnsafeArchive(f"entry {_show(path)} appears twice")
-        seen.add(key)
+        before = [previous, *keys]
+        if not all(map(operator.lt, before, keys)):
+            at = next(at for at, key in enumerate(keys) if key <= before[at])
+            why = "appears twice" if keys[at] == before[at] else "is out of the archive's order"
+            raise UnsafeArchive(f"entry {_show(batch[at])} {why}")
+        previous = keys[-1]
+
+
+def _has_bad_part(path: bytes) -> bool:
+    return any(part in (b"", b".", b"..") for part in path.split(b"/"))
 
 
 def listed_paths(listing: bytes, prefix: bytes) -> list[bytes]:
@@ -173,33 +195,35 @@ def listed_paths(listing: bytes, prefix: bytes) -> list[bytes]:
     hold spaces, ` -> ` or newlines. `prefix` is a fresh random token: a new entry starts
     exactly where `\\n<prefix>/` does, and a name cannot contain a token chosen after the
     archive was made. Anything else is refused rather than guessed at."""
-    return list(_listed([listing], prefix))
+    return [path for batch in _listed([listing], prefix) for path in batch]
 
 
-def _listed(chunks: Iterable[bytes], prefix: bytes) -> Iterator[bytes]:
-    """`listed_paths` over the listing as it arrives, in chunks of any size."""
+def _listed(chunks: Iterable[bytes], prefix: bytes) -> Iterator[list[bytes]]:
+    """`listed_paths` over the listing as it arrives, in chunks of any size: the paths of
+    each chunk's complete entries, a list per chunk."""
     separator = b"\n" + prefix
     pending, root_seen = b"", False
     for chunk in chunks:
         *complete, pending = (pending + chunk).split(separator)
-        for piece in complete:
-            if root_seen:
-                yield _listed_path(piece)
-            elif piece != prefix:
+        if complete and not root_seen:
+            if complete[0] != prefix:
                 raise UnsafeArchive("archive listing is malformed (no root entry)")
+            del complete[0]
             root_seen = True
+        yield _listed_paths(complete)
     if not pending.endswith(b"\n"):
         raise UnsafeArchive("archive listing is malformed (no final newline)")
     if root_seen:
-        yield _listed_path(pending[:-1])
+        yield _listed_paths([pending[:-1]])
     elif pending[:-1] != prefix:
         raise UnsafeArchive("archive listing is malformed (no root entry)")
 
 
-def _listed_path(piece: bytes) -> bytes:
-    if not piece.startswith(b"/"):
+def _listed_paths(pieces: list[bytes]) -> list[bytes]:
+    if not all(map(operator.methodcaller("startswith", b"/"), pieces)):
+        piece = next(piece for piece in pieces if not piece.startswith(b"/"))
         raise UnsafeArchive(f"archive listing is malformed near {_show(piece)}")
-    return piece[1:]
+    return [piece[1:] for piece in pieces]
 
 
 def check_tree(
@@ -350,7 +374,7 @@ def _check_listed(archive: Path, owner: SlotUser | None) -> None:
     is written, as unsquashfs prints them (never held whole: the memory stays flat)."""
     prefix = f"seedkeeper-{secrets.token_hex(16)}"
     argv = ["unsquashfs", "-no-progress", "-d", prefix, "-ls", str(archive)]
-    _unsquashfs(argv, owner, lambda chunks: check_listing(_listed(chunks, prefix.encode())))
+    _unsquashfs(argv, owner, lambda chunks: _check_batches(_listed(chunks, prefix.encode())))
 
 
 def _unsquashfs(

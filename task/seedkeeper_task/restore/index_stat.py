@@ -27,8 +27,10 @@ import hashlib
 import os
 import stat
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from seedkeeper_task.restore.repository import replace_file
 from seedkeeper_task.slot_user import SlotUser
@@ -50,7 +52,7 @@ _MAX_DEPTH = 256
 _U32 = 0xFFFFFFFF
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Entry:
     offset: int  # of its stat data in the index
     path: bytes
@@ -70,13 +72,29 @@ def adopt_stat_data(checkout: Path, owner: SlotUser | None) -> int:
     Nothing is rewritten (0) when none matches or the index is not one this reads."""
     index = checkout / ".git" / "index"
     try:
-        data = bytearray(_read_regular(index))
-        entries, digest_size = _parse(data)
+        data = _read_regular(index)
+        layout = _layout(data)
+        adopted = _adopt(checkout, data, layout)
     except (OSError, _Unreadable):
         return 0
+    if not adopted:
+        return 0
+    digest_size = layout.digest_size
+    body = memoryview(data)[:-digest_size]
+    if any(data[-digest_size:]):  # all zeros: written with index.skipHash, kept so
+        data[-digest_size:] = _digest(digest_size, body)
+    body.release()
+    replace_file(index, data, owner)
+    return adopted
+
+
+def _adopt(checkout: Path, data: bytearray, layout: _Layout) -> int:
+    """Write into `data` (the index) the stat data of each entry's file that matches it;
+    the count written. Raises _Unreadable (leaving `data` half written) for an index this
+    does not read, wherever the surprise is."""
     adopted = 0
     with _Folders(checkout) as folders:
-        for entry in entries:
+        for entry in _entries(data, layout):
             info = folders.lstat(entry.path)
             if info is not None and _matches(entry, info):
                 _STAT.pack_into(
@@ -94,12 +112,6 @@ def adopt_stat_data(checkout: Path, owner: SlotUser | None) -> int:
                     entry.size,
                 )
                 adopted += 1
-    if not adopted:
-        return 0
-    body = memoryview(data)[:-digest_size]
-    if any(data[-digest_size:]):  # all zeros: written with index.skipHash, kept so
-        data[-digest_size:] = _digest(digest_size, body)
-    replace_file(index, bytes(data), owner)
     return adopted
 
 
@@ -117,18 +129,31 @@ def _matches(entry: _Entry, info: os.stat_result) -> bool:
     ) == entry.mtime
 
 
-def _parse(data: bytearray) -> tuple[list[_Entry], int]:
-    """The entries of an index (versions 2 to 4) and its digest size; raises _Unreadable
-    for anything else, a checksum that does not verify included."""
+class _Layout(NamedTuple):
+    version: int
+    entry_count: int
+    digest_size: int
+
+
+def _layout(data: bytearray) -> _Layout:
+    """An index's version (2 to 4), entry count and digest size, read before anything in it
+    is written; raises _Unreadable for anything else, a checksum that does not verify
+    included."""
     if len(data) < _HEADER.size + 20:
         raise _Unreadable("too short")
     signature, version, count = _HEADER.unpack_from(data)
     if signature != _SIGNATURE or version not in (2, 3, 4):
         raise _Unreadable("not an index this reads")
-    digest_size = _digest_size(data)
+    return _Layout(version, count, _digest_size(data))
+
+
+def _entries(data: bytearray, layout: _Layout) -> Iterator[_Entry]:
+    """The entries of an index as they are read, none kept (the memory stays that of the
+    index itself); raises _Unreadable, when it comes to it, for an entry, a path or an
+    extension this does not read."""
+    version, count, digest_size = layout
     end = len(data) - digest_size
     oid_size = digest_size
-    entries: list[_Entry] = []
     offset, previous = _HEADER.size, b""
     for _ in range(count):
         fixed = offset + _STAT.size + oid_size + _FLAGS.size
@@ -162,10 +187,9 @@ def _parse(data: bytearray) -> tuple[list[_Entry], int]:
             if next_offset > end or any(data[nul:next_offset]):
                 raise _Unreadable("bad padding")
         unusable = flags & (_ASSUME_VALID | _STAGE) or extended & (_SKIP_WORKTREE | _INTENT_TO_ADD)
-        entries.append(_Entry(offset, path, fields[6], fields[9], fields[2], 1 if unusable else 0))
+        yield _Entry(offset, path, fields[6], fields[9], fields[2], 1 if unusable else 0)
         offset, previous = next_offset, path
     _check_extensions(data, offset, end)
-    return entries, digest_size
 
 
 def _check_extensions(data: bytearray, offset: int, end: int) -> None:
@@ -259,10 +283,13 @@ def _open_folder(parent: int | None, name: bytes) -> int:
     return os.open(name, flags, dir_fd=parent)
 
 
-def _read_regular(path: Path) -> bytes:
+def _read_regular(path: Path) -> bytearray:
     descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(descriptor, "rb") as index:
+    with os.fdopen(descriptor, "rb", buffering=0) as index:
         info = os.fstat(index.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_size > INDEX_LIMIT:
             raise _Unreadable("not a regular file of a size this reads")
-        return index.read(INDEX_LIMIT + 1)
+        data = bytearray(info.st_size)
+        if index.readinto(data) != info.st_size or index.read(1):
+            raise _Unreadable("the index changed while it was read")
+        return data

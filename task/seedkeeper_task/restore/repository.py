@@ -351,7 +351,7 @@ def _quote(text: str) -> str:
     return f'"{escaped}"'
 
 
-def replace_file(target: Path, content: str | bytes, owner: SlotUser | None) -> None:
+def replace_file(target: Path, content: str | bytes | bytearray, owner: SlotUser | None) -> None:
     """Write a sibling, then rename it over `target`: a planted symlink is replaced, never
     followed."""
     staged = target.with_name(f".{target.name}.seedkeeper-{secrets.token_hex(8)}")
