@@ -42,7 +42,10 @@ over six rounds every order), each run into a fresh journaled ext4 of its own:
   `checkout/node_modules`, `git checkout -q -B main <commit>` (HEAD checked); each a
   subprocess.
 - aria2c: the same with `aria2c -x4 -s4` (4 connections per archive, both archives at
-  once from one input file) in curl's place.
+  once from one input file) in curl's place: the issue's baseline.
+- aria2c -x8: the same with `-x8 -s8`, the connections per archive the task opens itself
+  (`download_parts`): no target is set against it; it shows what of ours' lead on a
+  capped link is more connections, and what is the rest.
 
 The link: nginx on loopback serves the archives from the page cache, once per `--rates`
 entry. With a `limit_rate` per connection it stands in for R2: 50 MiB/s per connection
@@ -112,6 +115,7 @@ from seedkeeper.services.rotation import Snapshots
 from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper.store.snapshots import SnapshotStore
 from seedkeeper_task.restore.extract import UNSQUASHFS_COMMAND
+from seedkeeper_task.settings import TaskSettings
 from seedkeeper_task.supervisor import CHECKOUT
 from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.local.gateway import FunctionUrlGateway, LocalCredentials
@@ -137,7 +141,11 @@ RUN_TIMEOUT = 900.0
 MIN_ROUNDS = 3
 DEFAULT_RATES = ("50m", "none")
 UNLIMITED = "none"
-BASELINES = ("curl", "aria2c")
+TASK_PARTS: int = TaskSettings.model_fields["download_parts"].default  # ranges per archive
+# aria2c's connections per archive: 4 as the issue names it, and as many as the task's.
+ARIA2C_AS_OURS = f"aria2c -x{TASK_PARTS}"
+ARIA2C_CONNECTIONS = {"aria2c": 4, ARIA2C_AS_OURS: TASK_PARTS}
+BASELINES = ("curl", *ARIA2C_CONNECTIONS)
 METHODS = ("ours", *BASELINES)
 # The commands every run needs, and the Debian packages holding them.
 TOOLS = {
@@ -1254,7 +1262,7 @@ class Bench:
         verifies too), `unsquashfs` with the task's own flags (the same bounded caches, the
         same strictness) of each, where the task puts it, and `git checkout -B`; each a
         subprocess, into a fresh journaled filesystem; the digests and HEAD checked."""
-        folder = self.run_dir(f"{downloader}-{next(self.slots)}")
+        folder = self.run_dir(f"{downloader.replace(' ', '')}-{next(self.slots)}")
         steps: dict[str, float] = {}
         rss: dict[str, int] = {}
         with self.disks.fresh(folder, capacity(case)) as root:
@@ -1296,8 +1304,9 @@ class Bench:
             for archived in case.archives:
                 argv += ["-o", str(root / archived.path.name), self.nginx.url(archived.path)]
             return argv
-        # Both at once, 4 connections each, every piece at least 1 MiB; the files written as
-        # they come (no preallocation), no configuration file read.
+        # Both at once, its connections each, every piece at least 1 MiB; the files written
+        # as they come (no preallocation), no configuration file read.
+        connections = ARIA2C_CONNECTIONS[downloader]
         listing = folder / "aria2c.input"
         listing.write_text(
             "".join(
@@ -1309,8 +1318,8 @@ class Bench:
             "aria2c",
             "--no-conf",
             "-q",
-            "-x4",
-            "-s4",
+            f"-x{connections}",
+            f"-s{connections}",
             "-k1M",
             "--file-allocation=none",
             "--allow-overwrite=true",
@@ -1519,9 +1528,9 @@ def report(
         "[dim]ours' steps are the task's own (result.steps, inside result.ms); whatever it "
         "does before its restore's clock starts (its downloads start with the process) falls "
         f"in 'process'. disk: {disks.description}; nginx on loopback, the archives in the "
-        "page cache; the task downloads both archives at once in 4 ranges each, curl one "
-        "stream at a time, aria2c 4 per archive, both at once; nothing caps the connections' "
-        "sum.[/dim]"
+        f"page cache; the task downloads both archives at once in {TASK_PARTS} ranges each, "
+        "curl one stream at a time, aria2c 4 (or 8) per archive, both at once; nothing caps "
+        "the connections' sum.[/dim]"
     )
     _targets(console, inputs, results)
     figures = workdir / "restore-results.json"
@@ -1539,6 +1548,9 @@ def report(
                         ("aria2c", "--version"),
                     )
                 },
+                "task_download_parts": TASK_PARTS,
+                "aria2c_connections": ARIA2C_CONNECTIONS,
+                "targets_against": "aria2c",
                 "targets": {
                     "capped_process_to_curl": CAPPED_CURL_TARGET,
                     "capped_process_to_aria2c": CAPPED_ARIA2C_TARGET,
@@ -1587,8 +1599,8 @@ def _inputs_table(inputs: list[Input]) -> Table:
 def _results_table(results: list[Result]) -> Table:
     table = Table(
         title="Restore: ours (the whole task process; its restore as it records it) vs curl "
-        "and aria2c -x4, each + sha256sum + unsquashfs + git checkout (medians in s; paired "
-        "ratios as median (min-max))"
+        f"and aria2c -x4 (and {ARIA2C_AS_OURS}: the task's connections), each + sha256sum + "
+        "unsquashfs + git checkout (medians in s; paired ratios as median (min-max))"
     )
     for column in (
         "link",
@@ -1598,8 +1610,10 @@ def _results_table(results: list[Result]) -> Table:
         "ours: restore",
         "curl",
         "aria2c",
+        ARIA2C_AS_OURS,
         "process / curl",
         "process / aria2c",
+        f"process / {ARIA2C_AS_OURS}",
         "restore / curl",
         "restore / aria2c",
         "peak RSS MB",
@@ -1614,8 +1628,10 @@ def _results_table(results: list[Result]) -> Table:
             f"{result.restore_s:.2f}",
             f"{result.median('curl'):.2f}",
             f"{result.median('aria2c'):.2f}",
+            f"{result.median(ARIA2C_AS_OURS):.2f}",
             spread(result.paired("curl")),
             spread(result.paired("aria2c")),
+            spread(result.paired(ARIA2C_AS_OURS)),
             spread(result.paired("curl", whole=False)),
             spread(result.paired("aria2c", whole=False)),
             f"{result.peak_rss_mb:.1f}",
@@ -1625,7 +1641,8 @@ def _results_table(results: list[Result]) -> Table:
 
 def _steps_table(results: list[Result]) -> Table:
     steps = Table(title="Where the time goes (medians, seconds)")
-    for heading in ("link, size", "ours: step", "s", "curl: step", "s", "aria2c: step", "s"):
+    baselines = [heading for name in BASELINES for heading in (f"{name}: step", "s")]
+    for heading in ("link, size", "ours: step", "s", *baselines):
         steps.add_column(heading, justify="right" if heading == "s" else "left")
     for result in results:
         listed = [list(result.ours_steps().items())] + [
@@ -1859,7 +1876,9 @@ def measure_all(
                 console.print(
                     f"  {rate_label(rate)}, {case.label} #{index + 1}: curl "
                     f"{result.baselines['curl'][-1].total_s:.2f} s, aria2c "
-                    f"{result.baselines['aria2c'][-1].total_s:.2f} s, ours {ours.process_s:.2f} s"
+                    f"{result.baselines['aria2c'][-1].total_s:.2f} s, {ARIA2C_AS_OURS} "
+                    f"{result.baselines[ARIA2C_AS_OURS][-1].total_s:.2f} s, "
+                    f"ours {ours.process_s:.2f} s"
                     f" (restore {ours.restore_s:.2f} s) {ours.steps_ms}"
                 )
             results.append(result)
