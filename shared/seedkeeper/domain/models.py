@@ -17,7 +17,7 @@ from seedkeeper.domain.gitref import is_valid_branch_name
 class Model(BaseModel):
     """Base of every Seedkeeper model: strict types, no unknown fields, immutable."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, defer_build=True)
 
 
 M = TypeVar("M", bound=BaseModel)
