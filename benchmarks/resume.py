@@ -30,10 +30,11 @@ see LOCAL-AWS-NOTES):
 Both servers are nginx on loopback, the objects in the page cache: by default with a
 per-connection `limit_rate` standing in for R2 (`--rates`; "none" for unlimited loopback).
 50 MiB/s per connection is our assumption for one HTTPS stream from R2 to a task in an AWS
-region, not a measurement: the task's download takes 4 ranges at once, curl one, and
-nothing caps their sum here. Ratios are paired (each run against the baseline of its
-round) and reported as median (min-max). It never fails on a figure (exit 1 only when the
-benchmark itself breaks, such as a resume that does not seed). Inputs are cached in the
+region, not a measurement: the task's download takes `download_parts` ranges of each
+archive at once (8 by default), curl one stream, and nothing caps their sum here. Ratios
+are paired (each run against the baseline of its round) and reported as median (min-max).
+It never fails on a figure (exit 1 only when the benchmark itself breaks, such as a resume
+that does not seed). Inputs are cached in the
 work dir (default `$TMPDIR/seedkeeper-bench`, shared with the other benchmarks), figures
 written there as resume-results.json.
 """
@@ -423,7 +424,8 @@ def report(console: Console, results: list[Result], disks: restore.Disks, workdi
         )
     console.print(
         f"[dim]disk: {disks.description}; nginx on loopback, the objects in the page cache; "
-        "the task downloads 4 ranges at once, curl one stream; no cap on their sum.[/dim]"
+        f"the task downloads {restore.TASK_PARTS} ranges of each archive at once, curl one "
+        "stream; no cap on their sum.[/dim]"
     )
     figures = workdir / "resume-results.json"
     figures.write_text(
