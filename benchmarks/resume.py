@@ -1,5 +1,5 @@
 """The resume benchmark (`make bench`): time to a usable slot, resumed from its checkpoint
-or seeded afresh, both against `curl -o` + `sha256sum` + `unsquashfs` + `git checkout`.
+or seeded afresh, both against `curl -o` + `openssl dgst -sha256` + `unsquashfs` + `git checkout`.
 
 The snapshot is the restore benchmark's (its generator and cached archives: a repository
 with history and a node_modules-like deps tree restored inside it). Once per size, untimed,
@@ -24,7 +24,7 @@ see LOCAL-AWS-NOTES):
 - seed: the same tree seeded afresh by the real task from the snapshot's archives (its
   start granted presigned GETs of them), as the restore benchmark starts it.
 - baseline: the restore benchmark's curl baseline: `curl -o` of the snapshot's archives,
-  `sha256sum` of them, `unsquashfs` with the task's own flags (its caches bounded as the
+  `openssl dgst -sha256` of them, `unsquashfs` with the task's own flags (its caches bounded as the
   task bounds them) of each where the task puts it, `git checkout -B`.
 
 Both servers are nginx on loopback, the objects in the page cache: by default with a
@@ -359,7 +359,7 @@ def report(console: Console, results: list[Result], disks: restore.Disks, workdi
     spread = restore.spread
     table = Table(
         title="Time to a usable slot: resume from its checkpoint and a fresh seed vs curl -o "
-        "+ sha256sum + unsquashfs + git checkout (whole processes; medians, paired ratios "
+        "+ sha256 + unsquashfs + git checkout (whole processes; medians, paired ratios "
         "as median (min-max))"
     )
     for column in (
@@ -486,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     restore.unmount_leftovers(runs)
     shutil.rmtree(runs, ignore_errors=True)  # a few logs and empty mount points
     shutil.rmtree(served, ignore_errors=True)  # links to the archives, the checkpoints
-    for tool in ("git", "mksquashfs", "unsquashfs", "curl", "sha256sum", "mkfs.ext4"):
+    for tool in ("git", "mksquashfs", "unsquashfs", "curl", "openssl", "mkfs.ext4"):
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
             console.print(f"[red]{tool} is not installed[/red]")
             return 1

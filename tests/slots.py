@@ -164,11 +164,12 @@ class TamperingProxy(http.server.ThreadingHTTPServer):
     released; "truncate" sends half of each body and hangs up; for ranged GETs,
     "error5xx" answers 503, "reset" sends the body up to the object's midpoint and resets
     the connection (an RST), "stall-midway" sends it up to the midpoint and goes silent
-    until released."""
+    until released. `only`: the one object (its key) the mode applies to; others pass."""
 
-    def __init__(self, upstream: str, mode: str = "stall") -> None:
+    def __init__(self, upstream: str, mode: str = "stall", *, only: str | None = None) -> None:
         self.upstream = upstream
         self.mode = mode
+        self.only = only
         self.release = threading.Event()
         self.gets = threading.Event()
         self.ranges: list[str] = []  # the Range header of each ranged GET, in order
@@ -202,6 +203,8 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         if ranged:
             proxy.ranges.append(self.headers["Range"])
         mode = proxy.mode if ranged or proxy.mode in ("stall", "truncate") else None
+        if proxy.only is not None and not self.path.partition("?")[0].endswith(f"/{proxy.only}"):
+            mode = None
         if mode == "stall":
             proxy.release.wait(120)
         if mode == "error5xx":

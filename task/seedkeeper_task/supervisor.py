@@ -236,6 +236,7 @@ class SlotTask:
                     head = self._fix_up(seed)
             except BaseException as failed:
                 fixed.set_exception(failed)  # the deps tree is not placed: it goes
+                self.prefetch.close()  # nor waited for: its download stops now
                 raise
             fixed.set_result(None)
             with self._step("deps"):

@@ -195,6 +195,28 @@ def test_either_archive_refused_while_both_extract_leaves_neither_staged(
     assert_no_half_tree(slots, f"refused-{where}")
 
 
+def test_a_refused_checkout_does_not_wait_for_the_deps_download(
+    slots: Slots, repo: Path, deps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deps archive's GET is held for good: the checkout's refusal stops that download
+    and settles at once, rather than once the download gives up (its stalls retried)."""
+    repo.joinpath("escape").symlink_to("../../../../out")
+    seed = slots.publish(repo, deps)
+    proxy = TamperingProxy(
+        slots.stack.endpoint, mode="stall", only=backup_key(seed["deps_backup_id"])
+    )
+    monkeypatch.setenv("SEEDKEEPER_R2_ENDPOINT", proxy.endpoint)
+    body = slots.body(seed, slot="no-wait")
+    slots.seed(body)
+
+    _, answer = slots.settle(body, seconds=30)
+
+    assert verdict(answer) == (False, "unsafe-archive", "extract"), slots.log("no-wait")
+    assert not proxy.release.is_set()  # the deps archive never came
+    assert_no_half_tree(slots, "no-wait")
+    proxy.close()
+
+
 def test_a_corrupted_archive_fails_at_verify_with_no_half_tree(
     slots: Slots, repo: Path, tmp_path: Path
 ) -> None:
