@@ -97,10 +97,10 @@ bench: setup bench-packages ## Benchmark the restore, the checkpoint and the res
 	$(BIN)/python benchmarks/soak.py --minutes $(SOAK_MINUTES)
 
 # nginx serves the benchmark's archives on loopback; curl and aria2c are the baselines'
-# downloaders.
+# downloaders, openssl their sha256.
 .PHONY: bench bench-packages
 bench-packages:
-	$(call apt-packages,nginx:nginx curl:curl aria2c:aria2 zstd:zstd)
+	$(call apt-packages,nginx:nginx curl:curl aria2c:aria2 openssl:openssl zstd:zstd)
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
