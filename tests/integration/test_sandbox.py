@@ -90,6 +90,8 @@ attempt("other_record", hijack)
 with open("probe.json.tmp", "w") as out:
     json.dump(found, out)
 os.rename("probe.json.tmp", "probe.json")
+import time
+time.sleep(600)  # the run goes on: a task whose run ended stops, and its workspace goes
 """
 
 
