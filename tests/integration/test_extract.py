@@ -26,6 +26,7 @@ from seedkeeper_task.restore.extract import (
     listed_paths,
     sweep_staging,
     symlink_escapes,
+    walk_plan,
 )
 from seedkeeper_task.sandbox import let_slot_user_reach
 from seedkeeper_task.slot_user import SlotUser
@@ -146,6 +147,103 @@ def install_fake_unsquashfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bod
 
 def calls(log: Path) -> list[list[str]]:
     return [ast.literal_eval(line) for line in log.read_text().splitlines()]
+
+
+def walked(root: Path, plan: tuple[list[bytes], list[list[bytes]]]) -> list[str]:
+    """Every entry `plan` covers: its opened folders, and each start with all under it."""
+    opened, shares = plan
+    covered = [os.fsdecode(folder) for folder in opened]
+    for start in (start for share in shares for start in share):
+        path = root / os.fsdecode(start)
+        covered.append(os.fsdecode(start))
+        if path.is_dir() and not path.is_symlink():
+            covered += [str(inner.relative_to(root)) for inner in path.rglob("*")]
+    return covered
+
+
+def every_entry(root: Path) -> list[str]:
+    return [str(path.relative_to(root)) for path in root.rglob("*")]
+
+
+def venv_like(root: Path, packages: int = 60) -> Path:
+    """A virtualenv's shape: a few entries at the top, nearly all in one deep folder."""
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "python").symlink_to("python3.13")
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (root / "lib64").symlink_to("lib")
+    site = root / "lib" / "python3.13" / "site-packages"
+    for index in range(packages):
+        package = site / f"package{index:02}"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text(f"N = {index}\n")
+        (package / "data").mkdir()
+        (package / "data" / "table.csv").write_text("a,b\n")
+    return root
+
+
+# ---------------------------------------------------------------- the walk's shares
+
+
+@pytest.mark.parametrize("walkers", [1, 2, 4])
+@pytest.mark.parametrize("shape", ["venv", "flat", "empty", "one file"])
+def test_the_walk_plan_covers_every_entry_exactly_once(
+    tmp_path: Path, walkers: int, shape: str
+) -> None:
+    root = tmp_path / "tree"
+    root.mkdir()
+    if shape == "venv":
+        venv_like(root)
+    elif shape == "flat":
+        for index in range(100):
+            (root / f"pkg{index}").mkdir()
+            (root / f"pkg{index}" / "index.js").write_text("")
+    elif shape == "one file":
+        (root / "only").write_text("")
+
+    plan = walk_plan(os.fsencode(root), walkers)
+
+    covered = walked(root, plan)
+    assert sorted(covered) == sorted(every_entry(root))  # all of them, none twice
+    assert len(plan[1]) <= walkers
+    assert all(share for share in plan[1])
+
+
+def test_a_tree_held_in_one_folder_is_shared_below_it(tmp_path: Path) -> None:
+    """A virtualenv's packages all sit in `lib/python3.x/site-packages`: the walk opens
+    the folders down to it, so each find gets a fair part of the packages."""
+    root = venv_like(tmp_path / "venv")
+
+    opened, shares = walk_plan(os.fsencode(root), 2)
+
+    assert b"lib/python3.13/site-packages" in opened
+    per_share = [sum(b"site-packages/" in start for start in share) for share in shares]
+    assert len(per_share) == 2
+    assert min(per_share) >= 29  # 60 packages, split evenly
+    assert b"lib64" not in opened  # a link is never opened: it is walked as itself
+
+
+def test_a_folder_that_cannot_be_listed_is_walked_by_find_which_fails_on_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unreadable folder is not skipped by the plan: it stays a starting point, and
+    the find that meets it fails the check, as the single walk did."""
+    root = venv_like(tmp_path / "venv")
+    real_scandir = os.scandir
+    unreadable = os.fsencode(root / "lib")
+
+    def scandir(path: bytes) -> object:
+        if path == unreadable:
+            raise PermissionError(13, "Permission denied")
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    opened, shares = walk_plan(os.fsencode(root), 2)
+
+    assert b"lib" not in opened
+    assert any(b"lib" in share for share in shares)
+    monkeypatch.setattr(os, "scandir", lambda path: (_ for _ in ()).throw(OSError(13, "no")))
+    with pytest.raises(UnsafeArchive, match="cannot be walked whole"):
+        walk_plan(os.fsencode(root), 2)
 
 
 # ---------------------------------------------------------------- round trips
@@ -766,6 +864,39 @@ def test_the_slot_user_extracts_and_owns_the_tree(tmp_path: Path, place: Path) -
     assert owners_and_privileged(place / "checkout") == ({(65534, 65534)}, [])
     assert place.stat().st_uid == 0  # the parent stays the supervisor's
     assert (place / "checkout" / "bin" / "tool").read_text() == "#!/bin/sh\n"
+
+
+@root_only
+def test_every_part_of_a_shared_walk_is_checked(tmp_path: Path, place: Path) -> None:
+    """The walk is split between finds below folders it opened: a foreign owner or a
+    setuid or setgid bit is taken away wherever it is, in an opened folder or in any
+    find's part."""
+    source = venv_like(tmp_path / "source")
+    site = "lib/python3.13/site-packages"
+    privileged = [f"{site} m 2775 1234 4321", f"{site}/package00/data m 2755 1234 4321"]
+    privileged += [f"{site}/package{index:02}/__init__.py m 6755 1234 4321" for index in (1, 59)]
+    foreign = ["-force-uid", "1234", "-force-gid", "4321"]
+    pseudo = [option for line in privileged for option in ("-p", line)]
+    archive = squash(source, tmp_path / "venv.sqsh", *foreign, *pseudo)
+
+    extract(archive, place / "deps")
+
+    assert owners_and_privileged(place / "deps") == ({(0, 0)}, [])
+
+
+@pytest.mark.parametrize("package", [0, 1, 30, 59])
+def test_a_link_leading_outside_is_found_in_any_part_of_a_shared_walk(
+    tmp_path: Path, place: Path, package: int
+) -> None:
+    source = venv_like(tmp_path / "source")
+    evil = source / "lib" / "python3.13" / "site-packages" / f"package{package:02}" / "evil"
+    evil.symlink_to("../../../../../..")
+    archive = build_squashfs_to(source, tmp_path / "venv.sqsh")
+
+    with pytest.raises(UnsafeArchive, match="leads outside"):
+        extract(archive, place / "deps")
+
+    assert os.listdir(place) == []
 
 
 def test_a_checkpoint_keeps_the_worktree_links_its_run_made_but_never_one_in_git(
