@@ -227,6 +227,33 @@ def test_a_folder_that_is_a_link_is_never_followed(planted: tuple[Path, Path]) -
     assert index.read_bytes() == before
 
 
+def test_entries_of_one_folder_are_judged_together_and_the_next_folder_afresh(
+    planted: tuple[Path, Path],
+) -> None:
+    """A folder's path is checked once for the entries that come together in it: every
+    entry through the link is refused, not only the first, a name that is not plain is
+    refused in a folder that is, and the plain file beside them is still adopted."""
+    checkout, secret = planted
+    (checkout / "inside" / "link").symlink_to(secret.parent)
+    mine = checkout / "inside" / "mine"
+    mine.write_text("mine\n")
+    os.utime(mine, (LONG_AGO, LONG_AGO))
+    index = checkout / ".git" / "index"
+    through_link = entry_for(b"inside/link/secret", secret)
+    write_index(
+        index,
+        [
+            entry_for(b"inside/..", secret),
+            through_link,
+            through_link,
+            entry_for(b"inside/mine", mine),
+            through_link,
+        ],
+    )
+
+    assert adopt_stat_data(checkout, None) == 1  # inside/mine alone
+
+
 def test_an_entry_in_the_git_directory_is_never_looked_at(planted: tuple[Path, Path]) -> None:
     checkout, _ = planted
     config = checkout / ".git" / "config"

@@ -28,7 +28,6 @@ import os
 import stat
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -52,8 +51,7 @@ _MAX_DEPTH = 256
 _U32 = 0xFFFFFFFF
 
 
-@dataclass(frozen=True, slots=True)
-class _Entry:
+class _Entry(NamedTuple):  # one per index entry: a tuple is made fastest
     offset: int  # of its stat data in the index
     path: bytes
     mode: int
@@ -235,14 +233,17 @@ def _varint(data: bytearray, offset: int, end: int) -> tuple[int, int]:
 class _Folders:
     """lstat of index paths through folder descriptors opened with O_NOFOLLOW, from the
     checkout down: a folder that is a link, or a path that is not plain, answers None.
-    Entries come sorted, so the open folders are a stack along the current path."""
+    Entries come sorted, so the open folders are a stack along the current path, and
+    the entries of one folder come together: its path is checked once for all of them."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.stack: list[tuple[bytes, int]] = []
+        self.folder: bytes = b""  # the last entry's, with its final slash
+        self.descriptor: int | None = None
 
     def __enter__(self) -> _Folders:
-        self.top = _open_folder(None, os.fsencode(self.root))
+        self.top = self.descriptor = _open_folder(None, os.fsencode(self.root))
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -251,8 +252,23 @@ class _Folders:
         os.close(self.top)
 
     def lstat(self, path: bytes) -> os.stat_result | None:
-        *folders, name = path.split(b"/")
-        if len(folders) > _MAX_DEPTH or not all(map(_plain, (*folders, name))):
+        cut = path.rfind(b"/") + 1
+        folder, name = path[:cut], path[cut:]
+        if folder != self.folder:
+            self.folder, self.descriptor = folder, self._open(folder)
+        if self.descriptor is None or not _plain(name):
+            return None
+        try:
+            return os.stat(name, dir_fd=self.descriptor, follow_symlinks=False)
+        except OSError:
+            return None
+
+    def _open(self, folder: bytes) -> int | None:
+        """The descriptor of `folder` (a path with its final slash; empty: the checkout),
+        opening what of it is not open yet; None when it is not plain, is in a `.git`, or
+        cannot be opened without following a link."""
+        folders = folder[:-1].split(b"/") if folder else []
+        if len(folders) > _MAX_DEPTH or not all(map(_plain, folders)):
             return None
         if b".git" in (part.lower() for part in folders):
             return None  # git never checks out into a repository's folder
@@ -264,14 +280,12 @@ class _Folders:
         while len(self.stack) > common:
             os.close(self.stack.pop()[1])
         try:
-            for folder in folders[common:]:
+            for part in folders[common:]:
                 parent = self.stack[-1][1] if self.stack else self.top
-                self.stack.append((folder, _open_folder(parent, folder)))
-            return os.stat(
-                name, dir_fd=self.stack[-1][1] if self.stack else self.top, follow_symlinks=False
-            )
+                self.stack.append((part, _open_folder(parent, part)))
         except OSError:
             return None
+        return self.stack[-1][1] if self.stack else self.top
 
 
 def _plain(part: bytes) -> bool:
