@@ -55,7 +55,7 @@ def call(
 def post(url: str, body: Any, *, timeout: float) -> tuple[int, dict[str, Any]]:
     """POST `body`, signed with this process's credentials (a slot task's: its task role):
     the status and the JSON object answered ({} for anything else)."""
-    session = aws.core_session()
+    session = aws.session()
     credentials = session.get_credentials()
     if credentials is None:
         raise Unreachable("NoCredentials")
@@ -64,7 +64,7 @@ def post(url: str, body: Any, *, timeout: float) -> tuple[int, dict[str, Any]]:
         url,
         body,
         credentials=credentials,
-        region=session.get_config_variable("region") or "us-east-1",
+        region=session.region_name or "us-east-1",
         timeout=timeout,
     )
     try:

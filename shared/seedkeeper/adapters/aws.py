@@ -20,11 +20,10 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, overload
 
+from boto3.session import Session
 from botocore.config import Config
 
 if TYPE_CHECKING:
-    from boto3.session import Session
-    from botocore.session import Session as CoreSession
     from mypy_boto3_dynamodb.client import DynamoDBClient
     from mypy_boto3_dynamodb.service_resource import Table
     from mypy_boto3_ecs import ECSClient
@@ -114,41 +113,23 @@ _BUDGETS: dict[str, Budget] = {
 # serves functions on several threads: building is one at a time.
 _lock = threading.RLock()
 _session: Session | None = None
-_core: CoreSession | None = None
 
 
 def session() -> Session:
-    """The process's session, built when first asked for, around `core_session`'s."""
+    """The process's session, built when first asked for."""
     global _session  # noqa: PLW0603 - the one process-wide session, replaceable
     with _lock:
         if _session is None:
-            from boto3.session import Session  # noqa: PLC0415 - see core_session
-
-            _session = Session(botocore_session=core_session())
+            _session = Session()
         return _session
-
-
-def core_session() -> CoreSession:
-    """botocore's session under the process's session: its credentials and region, all
-    that signing one request needs (`seedkeeper_task.function_url`), without importing
-    boto3 (17 ms of a slot task's start, before its downloads can begin)."""
-    global _core  # noqa: PLW0603 - the process-wide session's own
-    with _lock:
-        if _session is not None:
-            return _session._session
-        if _core is None:
-            from botocore.session import get_session  # noqa: PLC0415 - lighter than boto3
-
-            _core = get_session()
-        return _core
 
 
 def use_session(replacement: Session | None) -> None:
     """Build from `replacement` from now on; None: a new session when next asked for.
     What was built from the old session keeps it (seedkeeper.config builds anew)."""
-    global _session, _core
+    global _session  # noqa: PLW0603
     with _lock:
-        _session, _core = replacement, None
+        _session = replacement
 
 
 def _build(
