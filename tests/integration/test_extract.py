@@ -222,11 +222,12 @@ def test_a_tree_held_in_one_folder_is_shared_below_it(tmp_path: Path) -> None:
     assert b"lib64" not in opened  # a link is never opened: it is walked as itself
 
 
-def test_a_folder_that_cannot_be_listed_is_walked_by_find_which_fails_on_it(
+def test_a_folder_that_cannot_be_listed_stays_a_starting_point_and_a_root_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An unreadable folder is not skipped by the plan: it stays a starting point, and
-    the find that meets it fails the check, as the single walk did."""
+    """An unreadable folder is not skipped by the plan: it stays a starting point, so a
+    find is given it (and fails on it, as `_find` fails on any folder it cannot read). A
+    root that cannot be listed is refused at once."""
     root = venv_like(tmp_path / "venv")
     real_scandir = os.scandir
     unreadable = os.fsencode(root / "lib")

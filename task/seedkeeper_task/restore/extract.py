@@ -372,7 +372,8 @@ def walk_plan(root: bytes, walkers: int) -> tuple[list[bytes], list[list[bytes]]
     points for even shares (`_STARTS_PER_WALKER` each), so a tree held in one folder (a
     virtualenv's `lib/python3.x/site-packages`) is split below it. At most
     `_MAX_LISTED_FOLDERS` are listed to decide; a folder that cannot be listed is a
-    starting point (its find then fails on it, as a single walk would)."""
+    starting point (its find then fails on it, as a single walk would); a root that cannot
+    be listed raises UnsafeArchive."""
     wanted = walkers * _STARTS_PER_WALKER
     opened: list[bytes] = []
     starts: list[bytes] = []  # what is not a listed folder: files, links, unlisted folders
