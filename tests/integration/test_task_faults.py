@@ -171,6 +171,6 @@ def test_an_r2_that_keeps_failing_costs_bounded_retries_then_fails_at_download(
     max_retries = TaskSettings().download_retries
     assert 1 < len(r2_fault.ranges) <= len(ranges) * (max_retries + 1), r2_fault.ranges
     assert_no_half_tree(slots, body["slot"])
-    assert slots.attempts(body["slot"]) == ["attempt-1.json"]
+    assert slots.attempts(body["slot"]) == ["attempt-1.json"], slots.log(body["slot"])
     record = slots.record(body["slot"])
     assert (record.state, record.window.unsettled) == (State.SEED_FAILED, 0)

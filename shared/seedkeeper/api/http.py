@@ -17,6 +17,7 @@ import binascii
 import json
 import os
 import re
+import threading
 from collections.abc import Callable
 from functools import cached_property
 from http import HTTPStatus
@@ -48,6 +49,12 @@ if TYPE_CHECKING:
 Handler = Callable[[dict[str, Any], LambdaContext], dict[str, Any]]
 _FIELD_CHARS = 120
 _MAX_FIELDS = 20
+# Powertools keeps the event being resolved on a class attribute every resolver in the
+# process shares (`BaseRouter.current_event`), and the logger's keys are the process's
+# too. Lambda gives an environment one invocation at a time; where handlers run on threads
+# (the local gateway answering a slot task while a test invokes another function), one
+# resolves at a time, or one would read the other's request.
+_ONE_RESOLVING = threading.Lock()
 
 
 class _Resolver(LambdaFunctionUrlResolver):
@@ -249,7 +256,7 @@ def _unsupported_media_type() -> Response[str]:
 
 def entrypoint(app: LambdaFunctionUrlResolver) -> Handler:
     @logger.inject_lambda_context(clear_state=True)
-    def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    def resolve(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         http = event.get("requestContext", {}).get("http", {})
         if http.get("method") != "HEAD":
             return app.resolve(event, context)
@@ -258,5 +265,9 @@ def entrypoint(app: LambdaFunctionUrlResolver) -> Handler:
             "requestContext": event["requestContext"] | {"http": http | {"method": "GET"}}
         }
         return app.resolve(as_get, context) | {"body": ""}
+
+    def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+        with _ONE_RESOLVING:
+            return resolve(event, context)
 
     return handler

@@ -14,7 +14,9 @@ before its signature is checked, and whatever Python's HTTP parser rejects.
 Requests are read, checked and answered by a thread each, but the functions run one
 invocation at a time, as in a Lambda execution environment: the handlers keep the invocation
 in process-wide state (Powertools' resolvers share the current event), so two at once could
-answer each other's requests."""
+answer each other's requests. Their entrypoint takes a process-wide lock for that (a test
+invoking a handler beside the gateway is kept out too); the gateway's own lets a stop wait
+for the invocation under way."""
 
 from __future__ import annotations
 
