@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from seedkeeper_task.restore.download import (
+    CHUNK_BYTES,
     THREAD_PREFIX,
     DownloadFailed,
     DownloadStats,
@@ -32,7 +33,7 @@ SIZE = 24 * MIB
 SIGNATURE = "X-Amz-Signature=0123456789abcdef-never-in-a-message"
 RANGE_HEADER = re.compile(r"bytes=(\d+)-(\d*)")
 STARTS = [first for first, _ in plan_ranges(SIZE, 4)]  # 0, 6, 12, 18 MiB
-DRIBBLE = 768 * 1024  # less than one read (CHUNK_BYTES)
+DRIBBLE = CHUNK_BYTES * 3 // 4  # less than one read
 # How long the server stays silent (a stall, a dribble, a hang) unless the test ends first:
 # longer than any deadline or stall timeout here, so a download that ends while a request
 # is silent was ended by the client, never by the server giving up (`outwaited`).
