@@ -123,3 +123,78 @@ def test_a_table_without_ttl_keeps_its_expired_items(
         time.sleep(0.05)
     # Then the table without TTL still has its item
     assert present(kept, "old")
+
+
+def test_a_cancelled_transaction_leaves_every_item_as_it_was(stack: Stack) -> None:
+    """The store copies only what a transaction names, for its rollback (the suite's moto
+    does too): a cancelled one still undoes its own writes and touches nothing else."""
+    table = stack.table
+    for index in range(20):
+        table.put_item(Item={"PK": f"P#{index}", "SK": "S", "n": index})
+    before = sorted(table.scan()["Items"], key=lambda item: str(item["PK"]))
+    client = table.meta.client
+    with pytest.raises(client.exceptions.TransactionCanceledException):
+        client.transact_write_items(
+            TransactItems=[
+                {"Put": {"TableName": table.name, "Item": {"PK": "P#new", "SK": "S"}}},
+                {
+                    "Update": {
+                        "TableName": table.name,
+                        "Key": {"PK": "P#3", "SK": "S"},
+                        "UpdateExpression": "SET n = :n",
+                        "ExpressionAttributeValues": {":n": 99},
+                    }
+                },
+                {
+                    "ConditionCheck": {
+                        "TableName": table.name,
+                        "Key": {"PK": "P#4", "SK": "S"},
+                        "ConditionExpression": "n = :wrong",
+                        "ExpressionAttributeValues": {":wrong": -1},
+                    }
+                },
+            ]
+        )
+    assert sorted(table.scan()["Items"], key=lambda item: str(item["PK"])) == before
+    # and a transaction that succeeds writes what it names, and only that
+    client.transact_write_items(
+        TransactItems=[
+            {
+                "Update": {
+                    "TableName": table.name,
+                    "Key": {"PK": "P#3", "SK": "S"},
+                    "UpdateExpression": "SET n = :n",
+                    "ConditionExpression": "n = :was",
+                    "ExpressionAttributeValues": {":n": 99, ":was": 3},
+                }
+            }
+        ]
+    )
+    after = {str(item["PK"]): item["n"] for item in table.scan()["Items"]}
+    assert after == {f"P#{index}": 99 if index == 3 else index for index in range(20)}
+
+
+def test_a_condition_sent_again_is_judged_on_its_own_values(table: Table) -> None:
+    """moto, as the suite and the store run it, parses a condition once per text, names and
+    values (in-process, as here, for every request on one thread): the same text with other
+    values, or other names, is judged on what it says."""
+    client = table.meta.client
+    table.put_item(Item={"PK": "P", "SK": "S", "a": 1, "b": 2})
+
+    def update(name: str, was: int) -> bool:
+        try:
+            table.update_item(
+                Key={"PK": "P", "SK": "S"},
+                UpdateExpression="SET #f = :was",
+                ConditionExpression="#f = :was",
+                ExpressionAttributeNames={"#f": name},
+                ExpressionAttributeValues={":was": was},
+            )
+        except client.exceptions.ConditionalCheckFailedException:
+            return False
+        return True
+
+    assert update("a", 1)
+    assert not update("a", 2)
+    assert update("b", 2)
+    assert not update("b", 1)

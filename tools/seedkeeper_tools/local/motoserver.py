@@ -16,7 +16,7 @@ attribute has passed. Nothing of a request outlives it but its effect on the dat
 dashboard would keep every item it ever built.
 
 `python -m seedkeeper_tools.local.motoserver` is the local stack's store process (`main`),
-where moto also does less work per request (`make_moto_cheaper`).
+where moto also does less work per request (`make_moto_cheaper`), as it does in the tests.
 """
 
 from __future__ import annotations
@@ -166,12 +166,14 @@ def expire_items(now: float) -> None:
                     table.delete_item(item.hash_key, item.range_key)
 
 
+@functools.cache  # once per process: a second call would wrap moto's methods again
 def make_moto_cheaper() -> None:
     """The store's per-request work, cut where moto repeats itself: each request's
     condition was lexed and parsed twice, and each transaction copied whole tables. Each
-    change keeps what moto answers; each counts on requests being atomic.
+    change keeps what moto answers.
 
-    It changes moto's classes for the whole process: the local stack's store process only."""
+    It changes moto's classes for the whole process: the local stack's store process, and
+    the test suite's processes, whose moto is the local stack's."""
     _lex_each_condition_once()
     _parse_each_condition_once_per_request()
     _copy_only_what_transactions_touch()
@@ -196,11 +198,14 @@ def _lex_each_condition_once() -> None:
 def _parse_each_condition_once_per_request() -> None:
     """An update's condition is parsed to check its names and values are used, then again
     to apply it: the second parse, of the same condition, names and values, reuses the
-    first's tree and what it found (requests being atomic, one at a time, one is kept)."""
+    first's tree and what it found. One is kept per thread: the server runs each request on
+    a thread of its own, and an in-process mock_aws may serve several threads at once."""
     parse = ConditionExpressionParser.parse
-    last: dict[str, Any] = {}  # what was asked, the tree, the names and values it found
+    kept = threading.local()
 
     def parse_once(parser: ConditionExpressionParser) -> Any:
+        # what was asked, the tree, the names and values it found
+        last: dict[str, Any] = kept.__dict__
         asked = copy.deepcopy(
             (
                 parser.condition_expression,
@@ -230,7 +235,8 @@ def _copy_only_what_transactions_touch() -> None:
     table, every slot's birth copied the whole table twice, under the lock that makes each
     request atomic. Requests being atomic, nothing but the transaction changes a table
     meanwhile, so a copy that shares the items the transaction does not name, and copies
-    those it names, rolls it back exactly as well."""
+    those it names, rolls it back exactly as well. (Where requests are not atomic, an
+    in-process mock_aws under threads, moto's own whole copy would undo other writes too.)"""
     transact = DynamoDBBackend.transact_write_items
 
     def transact_write_items(
