@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ import seedkeeper_task
 from repos import git
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import slot_key
-from seedkeeper_task.sandbox import STATE_DIR
+from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper_task.sandbox import STATE_DIR, end_user_processes
 from seedkeeper_task.supervisor import CHECKOUT, MARKER
 from slots import Slots, record_archive, wait_for
 
@@ -274,6 +276,52 @@ def test_nothing_a_lost_task_left_runs_when_the_next_task_of_its_slot_starts(
 
     wait_for(lambda: running_with(token) == [], "the slot's next task to end the leftovers")
     planted.wait(timeout=10)
+
+
+def test_a_late_look_at_a_cleared_task_ends_nothing_started_since(
+    slots: Slots, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stopped task is cleared by whoever looks first (its reaper, a status, a stop), and
+    they may look at once. Once its workspace is gone, the clearing is over: a look that
+    came late must not end a process of the slot's user started since (the next attempt's).
+    The reaper is held inside its clearing while a status clears the task and a process is
+    started as the slot's user; then the reaper goes on."""
+    monkeypatch.setenv("SEEDKEEPER_SANDBOX_COMMAND", json.dumps(["sleep", "600"]))
+    status, answer = slots.seed(slots.body(None, slot="looked"))
+    assert status == 200, answer
+    incarnation = answer["incarnation"]
+    wait_for(lambda: slots.runtime.status(incarnation) is TaskStatus.RUNNING, "the task")
+    reaper_inside, go_on = threading.Event(), threading.Event()
+
+    def held_in_the_reaper(uid: int) -> None:
+        if threading.current_thread().name.startswith("reap-"):
+            reaper_inside.set()
+            go_on.wait(30)
+        end_user_processes(uid)
+
+    monkeypatch.setattr("seedkeeper_tools.local.runtime.end_user_processes", held_in_the_reaper)
+    slots.runtime.crash(incarnation)
+    assert reaper_inside.wait(30), "the reaper did not clear the task"
+    # A clearing that waits for the reaper's blocks here until it goes on: a second's grace.
+    threading.Timer(1.0, go_on.set).start()
+    assert slots.runtime.status(incarnation) is TaskStatus.STOPPED
+    assert not slots.workspace("looked").exists()
+
+    uid = slots.runtime.slot_uid("looked")
+    assert uid is not None
+    token = f"since-{os.getpid()}-{id(slots)}"
+    started = subprocess.Popen(["sh", "-c", f"sleep 600 & wait # {token}"], user=uid, group=uid)
+    try:
+        wait_for(lambda: any(True for _ in running_with(token)), "the process started since")
+        go_on.set()
+        wait_for(
+            lambda: not any(t.name.startswith("reap-") for t in threading.enumerate()),
+            "the reaper to finish",
+        )
+        assert started.poll() is None, "a late look ended a process started after the clearing"
+    finally:
+        end_user_processes(uid)
+        started.wait(timeout=10)
 
 
 def test_the_sandbox_cannot_write_a_line_of_the_supervisors_log(

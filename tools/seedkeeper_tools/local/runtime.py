@@ -216,18 +216,25 @@ class LocalRuntime:
         group = {task.pid: task.started}
         if not workspace.exists() or _is_running(task):
             return
-        if _still_ours(group):
-            _end_groups([task], grace=0)
-            if _still_ours(group):
+        # One look at a time, in any process (a reaper, a status and a stop may look at
+        # once): the clearing is over when the workspace is gone, so a look that comes
+        # second finds it gone and ends nothing of the slot's user started since.
+        with (workspace.parent / ".clearing.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not workspace.exists():
                 return
-        uid = self.slot_uid(slot)
-        if os.geteuid() == 0 and uid is not None and self._latest_attempt(slot) == attempt:
-            end_user_processes(uid)
-        gone = workspace.with_name(f".gone-{workspace.name}-{secrets.token_hex(4)}")
-        try:
-            workspace.rename(gone)  # one look removes it: another finds it gone
-        except FileNotFoundError:
-            return
+            if _still_ours(group):
+                _end_groups([task], grace=0)
+                if _still_ours(group):
+                    return
+            uid = self.slot_uid(slot)
+            if os.geteuid() == 0 and uid is not None and self._latest_attempt(slot) == attempt:
+                end_user_processes(uid)
+            gone = workspace.with_name(f".gone-{workspace.name}-{secrets.token_hex(4)}")
+            try:
+                workspace.rename(gone)
+            except FileNotFoundError:
+                return
         try:
             remove_tree(gone)
         except OSError as error:
