@@ -125,5 +125,6 @@ SAM_LOCAL := build/sam-local
 
 sam-local-build: setup sam-cli ## sam build the functions for `sam local invoke` on this machine (build/sam-local)
 	$(BIN)/seedkeeper sam-template $(SAM_LOCAL)/template.json
-	SAM_CLI_TELEMETRY=0 PATH=$(dir $(PY313)):$$PATH $(SAM_VENV)/bin/sam build \
+	LAYER_ARCHITECTURE=$$($(BIN)/python -c 'from seedkeeper_tools.sam_env import lambda_architecture; print(lambda_architecture())') \
+	  SAM_CLI_TELEMETRY=0 PATH=$(dir $(PY313)):$$PATH $(SAM_VENV)/bin/sam build \
 	  -t $(SAM_LOCAL)/template.json --build-dir $(SAM_LOCAL)/build

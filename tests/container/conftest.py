@@ -97,8 +97,9 @@ def lambda_image() -> str:
 @dataclass(frozen=True)
 class SamCli:
     """The SAM CLI (the Makefile's .sam-venv, else `sam` on PATH), run with a python3.13 on
-    PATH for `sam build`, without telemetry, and without the caller's AWS or Seedkeeper
-    settings: what points a function at the stack comes from its environment file alone."""
+    PATH for `sam build`, the layer's recipe told this machine's architecture, without
+    telemetry, and without the caller's AWS or Seedkeeper settings: what points a function
+    at the stack comes from its environment file alone."""
 
     sam: str
     path: str
@@ -109,7 +110,11 @@ class SamCli:
             for name, value in os.environ.items()
             if not name.startswith(("AWS_", "SEEDKEEPER_"))
         }
-        environment |= {"PATH": self.path, "SAM_CLI_TELEMETRY": "0"}
+        environment |= {
+            "PATH": self.path,
+            "SAM_CLI_TELEMETRY": "0",
+            "LAYER_ARCHITECTURE": lambda_architecture(),
+        }
         return subprocess.run(
             [self.sam, *map(str, args)],
             cwd=cwd,

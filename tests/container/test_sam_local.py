@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +28,7 @@ from seedkeeper.config import StoreSettings
 from seedkeeper.domain.outcomes import Cold
 from seedkeeper.domain.record import SlotRecord, Supported
 from seedkeeper_tools.client import SeedkeeperClient
-from seedkeeper_tools.infra import ROOT
+from seedkeeper_tools.infra import ROOT, load_template
 from seedkeeper_tools.local.stack import LocalStack
 from seedkeeper_tools.sam_env import serve_sam_env, write_local_template
 
@@ -147,3 +149,69 @@ def test_a_receipt_in_the_lambda_image_reads_the_stacks_table(
 
     # Then it answers what the table says, no match (a table it could not read: a 5xx)
     assert (status, body) == (404, {"error": "no-match", "detail": None, "fields": []})
+
+
+# Every module a handler imports, loaded with the interpreter's source compiler counted:
+# prints the paths it compiled (Lambda's /opt is read-only: what is compiled there at a cold
+# start is compiled again at the next).
+COMPILED_AT_IMPORT = """
+import importlib.machinery, importlib.util, json, sys
+compiled = []
+compile_source = importlib.machinery.SourceFileLoader.source_to_code
+def counted(loader, data, path, *args, **kwargs):
+    compiled.append(path)
+    return compile_source(loader, data, path, *args, **kwargs)
+importlib.machinery.SourceFileLoader.source_to_code = counted
+for number, handler in enumerate(sys.argv[1:]):
+    spec = importlib.util.spec_from_file_location(f"handler{number}", handler)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+print(json.dumps(compiled))
+"""
+
+
+def test_the_layer_is_built_with_the_bytecode_of_every_module(built: Path) -> None:
+    layer = built.parent / "SeedkeeperLayer" / "python"
+    tag = "cpython-" + load_template()["Globals"]["Function"]["Runtime"].removeprefix(
+        "python"
+    ).replace(".", "")
+    sources = sorted(layer.rglob("*.py"))
+    assert (layer / "seedkeeper" / "coldstart.py") in sources
+    assert (layer / "pydantic" / "main.py") in sources
+    for source in sources:
+        flags = (source.parent / "__pycache__" / f"{source.stem}.{tag}.pyc").read_bytes()[4:8]
+        # PEP 552: hash-based, the source never checked (a built layer never changes)
+        assert int.from_bytes(flags, "little") == 0b01, source
+    # no bytecode without its source: the package's own caches were not shipped
+    for cached in layer.rglob("*.pyc"):
+        assert cached.name.endswith(f".{tag}.pyc"), cached
+        assert (cached.parent.parent / f"{cached.name.split('.')[0]}.py").exists(), cached
+
+
+def test_a_cold_start_compiles_nothing_in_the_layer(
+    sam_cli: SamCli, built: Path, tmp_path: Path
+) -> None:
+    layer = built.parent / "SeedkeeperLayer" / "python"
+    python = shutil.which("python3.13", path=sam_cli.path)
+    assert python is not None
+    # The handlers as a function's code ships (no bytecode): those alone are compiled.
+    handlers = []
+    for source in sorted((ROOT / "functions").glob("*/app.py")):
+        handler = tmp_path / source.parent.name / "app.py"
+        handler.parent.mkdir()
+        shutil.copyfile(source, handler)
+        handlers.append(str(handler))
+    done = subprocess.run(
+        [python, "-c", COMPILED_AT_IMPORT, *handlers],
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(layer),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == handlers

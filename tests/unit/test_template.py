@@ -7,8 +7,11 @@ import ast
 import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -305,8 +308,12 @@ def test_every_function_is_python313_on_arm64_with_the_layer(template: Template)
     assert layer["Type"] == "AWS::Serverless::LayerVersion"
     assert layer["Properties"]["ContentUri"] == "shared/"
     assert layer["Properties"]["CompatibleRuntimes"] == ["python3.13"]
-    # pydantic-core is compiled: the layer must be built for the functions' architecture.
-    assert layer["Metadata"] == {"BuildMethod": "python3.13", "BuildArchitecture": "arm64"}
+    # pydantic-core is compiled: the layer must be built for the functions' architecture;
+    # shared/Makefile builds it, for arm64 unless told otherwise (SAM does not pass it)
+    assert layer["Metadata"] == {"BuildMethod": "makefile", "BuildArchitecture": "arm64"}
+    recipe = (ROOT / "shared" / "Makefile").read_text()
+    assert "\nLAYER_ARCHITECTURE ?= arm64\n" in recipe
+    assert "\nbuild-SeedkeeperLayer:\n" in recipe
     for name, properties in functions(template).items():
         assert properties["Runtime"] == "python3.13", name
         assert properties["Architectures"] == ["arm64"], name
@@ -321,6 +328,37 @@ def test_the_layer_installs_what_the_functions_import() -> None:
         if line.strip() and not line.startswith("#")
     }
     assert names == {"boto3", "aws-lambda-powertools", "pydantic", "pydantic-settings"}
+
+
+@pytest.mark.parametrize(
+    ("setting", "refusal"),
+    [
+        ("LAYER_ARCHITECTURE=sparc", 'LAYER_ARCHITECTURE is arm64 or x86_64, not "sparc"'),
+        # bytecode is for one interpreter version: this process's is not the runtime's
+        (f"LAYER_PYTHON={sys.executable}", "the layer is bytecode for python3.13: LAYER_PYTHON"),
+    ],
+)
+def test_the_layers_recipe_refuses_what_it_cannot_build_for(
+    setting: str, refusal: str, tmp_path: Path
+) -> None:
+    if sys.version_info[:2] == (3, 13) and setting.startswith("LAYER_PYTHON"):
+        pytest.skip("this interpreter is the runtime's version: no wrong one to name")
+    done = subprocess.run(
+        [
+            "make",
+            "-C",
+            str(ROOT / "shared"),
+            "build-SeedkeeperLayer",
+            setting,
+            f"ARTIFACTS_DIR={tmp_path / 'layer'}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert refusal in done.stderr
+    assert not (tmp_path / "layer").exists()
 
 
 def test_every_handler_exists(template: Template) -> None:
