@@ -219,6 +219,16 @@ def without_bytecode(runtime: Lambda, folder: Path) -> Lambda:
     return Lambda(runtime.python, folder)
 
 
+def shipped(function: str, scratch: Path) -> Path:
+    """The function's handler as its code ships, no bytecode beside it (the work tree may
+    hold some): compiled at each start, as the baseline's is."""
+    handler = scratch / function / "app.py"
+    if not handler.exists():
+        handler.parent.mkdir()
+        shutil.copyfile(ROOT / "functions" / function / "app.py", handler)
+    return handler
+
+
 def probe(
     runtime: Lambda, path: Path, environment: dict[str, str], event: Path | None = None
 ) -> Sample:
@@ -364,7 +374,7 @@ def first_requests(runtime: Lambda, sources_only: Lambda) -> Table:
             for against, label in ((runtime, ""), (sources_only, ", baseline without bytecode")):
                 for name, event_name in FIRST_REQUESTS:
                     event = ROOT / "events" / f"{event_name}.json"
-                    handler = ROOT / "functions" / name / "app.py"
+                    handler = shipped(name, Path(scratch))
                     rows[name + label] = paired(
                         partial(probe, runtime, handler, environment, event),
                         partial(probe, against, baseline, environment, event),
@@ -386,7 +396,7 @@ def imports(runtime: Lambda) -> Table:
         baseline.write_text(BASELINE)
         rows = {
             name: paired(
-                partial(probe, runtime, ROOT / "functions" / name / "app.py", environment),
+                partial(probe, runtime, shipped(name, Path(scratch)), environment),
                 partial(probe, runtime, baseline, environment),
             )
             for name in FUNCTIONS
