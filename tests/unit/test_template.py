@@ -312,7 +312,7 @@ def test_every_function_is_python313_on_arm64_with_the_layer(template: Template)
     # shared/Makefile builds it, for arm64 unless told otherwise (SAM does not pass it)
     assert layer["Metadata"] == {"BuildMethod": "makefile", "BuildArchitecture": "arm64"}
     recipe = (ROOT / "shared" / "Makefile").read_text()
-    assert "\nLAYER_ARCHITECTURE ?= arm64\n" in recipe
+    assert f"\nLAYER_ARCHITECTURE ?= {layer['Metadata']['BuildArchitecture']}\n" in recipe
     assert "\nbuild-SeedkeeperLayer:\n" in recipe
     for name, properties in functions(template).items():
         assert properties["Runtime"] == "python3.13", name
