@@ -138,9 +138,13 @@ def lambda_handler(event, context):
 """
 # In a fresh interpreter: import the handler at argv[1] and, given an event at argv[2], send
 # it that; print the seconds both took, wall and the process's CPU (the handler logs to
-# stdout too: the last line is ours). The interpreter's own start is left out.
+# stdout too: the last line is ours). The interpreter's own start is left out. The handler is
+# imported as Lambda's runtime imports it (`importlib.import_module` of the handler's module,
+# its folder first on the path, as /var/task is): loaded from its file by a spec and never
+# entered in `sys.modules`, ours took about 3% longer to import (31 alternating pairs, the
+# baseline 0.6%).
 PROBE = """
-import importlib.util, json, sys, time
+import importlib, json, os, sys, time
 event = json.load(open(sys.argv[2])) if len(sys.argv) > 2 else None
 class Context:
     function_name = "bench"
@@ -151,9 +155,9 @@ class Context:
     log_group_name = "bench"
     log_stream_name = "bench"
 wall, cpu = time.perf_counter(), time.process_time()
-spec = importlib.util.spec_from_file_location("handler", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
+folder, name = os.path.split(sys.argv[1])
+sys.path.insert(0, folder)
+module = importlib.import_module(os.path.splitext(name)[0])
 if event is not None:
     answer = module.lambda_handler(event, Context())
     assert answer["statusCode"] in (200, 404), answer
