@@ -11,17 +11,18 @@ the process's own CPU time.
 2. The first request, counted whole: the import, then one request that builds the clients
    a real first request builds and makes its store call, against a moto server with the
    table and bucket. The seed function polls a born cold slot (one conditional
-   UpdateItem; its R2 client is built too); the receipt function asks about a slot with no
-   record (one GetItem). The baseline imports the same, then at its first request builds
-   the same clients (a DynamoDB table resource and an S3 client for R2, from one boto3
-   session) and makes the same call (an UpdateItem on an item of its own, a GetItem).
+   UpdateItem); the receipt function asks about a slot with no record (one GetItem).
+   Neither touches an object, so neither builds its R2 client (built when an operation
+   first needs it). The baseline imports the same, then at its first request builds the
+   same client (a DynamoDB table resource, from a boto3 session) and makes the same call
+   (an UpdateItem on an item of its own, a GetItem).
 
 Wall time includes the store's answer: moto takes about 15 ms longer over the seed poll's
 condition (every attribute the record codec knows, so that a touch never writes a record it
 may not) than over the baseline's one clause, time spent in moto, not in the function. CPU
 time leaves the store out. R2's keys are given as variables here; a deployment reads them
-from a secret: a Secrets Manager client and call more on its first request, on neither
-side here.
+from a secret, which ours reads only when a request first touches an object: neither
+request here does.
 
 Both sides run as Lambda runs them: on the template's runtime (python3.13), from the layer
 as `sam build` builds it (shared/Makefile's recipe, for this machine's architecture: the
@@ -109,13 +110,6 @@ def table():
         clients["table"] = session.resource(
             "dynamodb", endpoint_url=os.environ["SEEDKEEPER_DYNAMODB_ENDPOINT"]
         ).Table(os.environ["SEEDKEEPER_TABLE"])
-        clients["r2"] = session.client(
-            "s3",
-            endpoint_url=os.environ["SEEDKEEPER_R2_ENDPOINT"],
-            aws_access_key_id=os.environ["SEEDKEEPER_R2_ACCESS_KEY_ID"],
-            aws_secret_access_key=os.environ["SEEDKEEPER_R2_SECRET_ACCESS_KEY"],
-            region_name="auto",
-        )
     return clients["table"]
 
 @app.post("/seed")

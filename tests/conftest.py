@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 TABLE_NAME = "seedkeeper-test"
 FAKE_KEY = "testing"  # moto accepts any keys
+# A deployment's R2 keys are in a Secrets Manager secret; tests that name one stub its read.
+R2_SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:seedkeeper/r2-AbCdEf"  # noqa: S105
 
 # No test asserts how long something takes, Hypothesis's 200 ms per example included: on a
 # loaded machine (the suite runs in parallel) a slow example is not a failing one.

@@ -251,8 +251,8 @@ def test_from_settings_takes_the_keys_from_the_secret_when_one_is_named(
 
     r2 = R2.from_settings(configured(secret_arn=SECRET_ARN))
 
-    assert asked == [(SECRET_ARN, "json")]
     assert credential_of(r2.presign_get(KEY, 60)) == "AKIDFROMSECRET"
+    assert asked == [(SECRET_ARN, "json")]
 
 
 def test_from_settings_uses_the_static_keys_without_a_secret(
@@ -276,7 +276,7 @@ def test_a_secret_without_both_keys_leaves_r2_unconfigured_without_quoting_it(
 ) -> None:
     monkeypatch.setattr(r2_module, "get_secret", lambda name, transform: secret)
     with pytest.raises(R2Unconfigured) as raised:
-        R2.from_settings(configured(secret_arn=SECRET_ARN))
+        R2.from_settings(configured(secret_arn=SECRET_ARN)).presign_get(KEY, 60)
     assert raised.value.missing == ("credentials",)
     assert ACCESS_KEY not in str(raised.value)
     assert SECRET_KEY not in str(raised.value)
@@ -290,7 +290,7 @@ def test_a_secret_that_is_not_json_leaves_r2_unconfigured_and_drops_the_parse_er
 
     monkeypatch.setattr(r2_module, "get_secret", get_secret)
     with pytest.raises(R2Unconfigured) as raised:
-        R2.from_settings(configured(secret_arn=SECRET_ARN))
+        R2.from_settings(configured(secret_arn=SECRET_ARN)).presign_get(KEY, 60)
     assert raised.value.missing == ("credentials",)
     assert raised.value.__cause__ is None
     assert raised.value.__suppress_context__
@@ -302,9 +302,43 @@ def test_an_unreadable_secret_is_r2_unavailable(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(r2_module, "get_secret", get_secret)
     with pytest.raises(R2Unavailable) as raised:
-        R2.from_settings(configured(secret_arn=SECRET_ARN))
+        R2.from_settings(configured(secret_arn=SECRET_ARN)).head(KEY)
     assert raised.value.code == "SecretUnreadable"
     assert isinstance(raised.value.__cause__, GetParameterError)
+
+
+def test_the_secret_is_read_and_the_client_built_when_an_operation_first_needs_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A function's request that touches no object (a seed's poll) reads no secret and
+    builds no client; one that does builds them once; a failed read is not kept."""
+    asked: list[str] = []
+
+    def get_secret(name: str, transform: str) -> object:
+        asked.append(name)
+        if len(asked) == 1:
+            raise GetParameterError("ThrottlingException")
+        return {"access_key_id": "AKIDFROMSECRET", "secret_access_key": "from-secret"}
+
+    built: list[str] = []
+    build = r2_module._s3_client
+
+    def s3_client(*args: Any, **kwargs: Any) -> Any:
+        built.append(args[0])
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(r2_module, "get_secret", get_secret)
+    monkeypatch.setattr(r2_module, "_s3_client", s3_client)
+
+    r2 = R2.from_settings(configured(secret_arn=SECRET_ARN))
+    assert (asked, built) == ([], [])
+    with pytest.raises(R2Unavailable):
+        r2.presign_get(KEY, 60)
+    assert (asked, built) == ([SECRET_ARN], [])
+
+    assert credential_of(r2.presign_get(KEY, 60)) == "AKIDFROMSECRET"
+    assert credential_of(r2.presign_head(KEY, 60)) == "AKIDFROMSECRET"
+    assert (asked, built) == ([SECRET_ARN, SECRET_ARN], [ENDPOINT])
 
 
 def test_the_client_speaks_r2s_dialect() -> None:

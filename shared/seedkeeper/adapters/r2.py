@@ -12,6 +12,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -225,12 +226,19 @@ class DeleteReport:
 
 
 class R2:
-    """The bucket's operations, over an injectable S3 client."""
+    """The bucket's operations, over an injectable S3 client, or what builds one when an
+    operation first needs it."""
 
-    def __init__(self, client: S3Client, bucket: str, *, chunk_size: int = _CHUNK_SIZE) -> None:
+    def __init__(
+        self,
+        client: S3Client | Callable[[], S3Client],
+        bucket: str,
+        *,
+        chunk_size: int = _CHUNK_SIZE,
+    ) -> None:
         if chunk_size < _MIN_CHUNK_SIZE:
             raise ValueError(f"chunk_size must be at least {_MIN_CHUNK_SIZE} bytes")
-        self._s3 = client
+        self._client = client
         self._bucket = bucket
         # Equal parts (R2 requires every part but the last to be the same size); the classic
         # transfer client, whose part size and checksums are the ones configured here.
@@ -244,21 +252,33 @@ class R2:
     def from_settings(
         cls, settings: R2Settings, session: Session | None = None, *, budget: aws.Budget = aws.R2
     ) -> R2:
-        """A client for the configured bucket, from `session` (None: the process's), within
-        the functions' budget unless told another (the tools'). The keys come from the
-        secret when one is set (read through the process's session)."""
+        """The configured bucket (R2Unconfigured at once when settings are missing). Its
+        client is built from `session` (None: the process's), within the functions' budget
+        unless told another (the tools'), when an operation first needs it, and the keys
+        are read from the secret, when one is set, then too: a function's request that
+        touches no object (a seed's poll) reads no secret and builds no client. Their
+        errors (R2Unconfigured, R2Unavailable) are that operation's."""
         target = _target(settings)
         if not isinstance(target, _Target):
             raise R2Unconfigured(target)
-        keys = (
-            target.credentials
-            if isinstance(target.credentials, _Keys)
-            else _keys_from_secret(target.credentials)
-        )
-        s3 = _s3_client(
-            target.endpoint, keys.access_key_id, keys.secret_access_key, session, budget
-        )
-        return cls(s3, target.bucket)
+
+        def connect() -> S3Client:
+            keys = (
+                target.credentials
+                if isinstance(target.credentials, _Keys)
+                else _keys_from_secret(target.credentials)
+            )
+            return _s3_client(
+                target.endpoint, keys.access_key_id, keys.secret_access_key, session, budget
+            )
+
+        return cls(connect, target.bucket)
+
+    @cached_property
+    def _s3(self) -> S3Client:
+        # Not cached when building fails: the next operation tries again.
+        client = self._client
+        return client() if callable(client) else client
 
     def presign_get(self, key: str, expires_in: int) -> str:
         """A URL that reads the object (ranges too) without credentials until it expires."""
