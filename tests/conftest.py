@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import boto3
 import pytest
+from aws_lambda_powertools.utilities.parameters.exceptions import GetParameterError
 from hypothesis import settings
 from moto import mock_aws
 from pydantic import SecretStr
 
 from repos import make_repository
+from seedkeeper.adapters import r2 as r2_module
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.adapters.runtime import SLOT_UIDS_FROM
 from seedkeeper.config import StoreSettings, snapshots
@@ -34,7 +36,6 @@ if TYPE_CHECKING:
 
 TABLE_NAME = "seedkeeper-test"
 FAKE_KEY = "testing"  # moto accepts any keys
-# A deployment's R2 keys are in a Secrets Manager secret; tests that name one stub its read.
 R2_SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:seedkeeper/r2-AbCdEf"  # noqa: S105
 
 # No test asserts how long something takes, Hypothesis's 200 ms per example included: on a
@@ -157,6 +158,21 @@ def stack(moto_endpoint: str, aws_credentials: None, monkeypatch: pytest.MonkeyP
     for variable, value in built.environment().items():
         monkeypatch.setenv(variable, value)
     return built
+
+
+@pytest.fixture
+def unreadable_r2_secret(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The functions' R2 keys named by a secret whose every read is refused (a throttle, a
+    policy), as a deployment names them: the names asked for."""
+    asked: list[str] = []
+
+    def unreadable(name: str, transform: str) -> object:
+        asked.append(name)
+        raise GetParameterError("AccessDeniedException")
+
+    monkeypatch.setattr(r2_module, "get_secret", unreadable)
+    monkeypatch.setenv("SEEDKEEPER_R2_SECRET_ARN", R2_SECRET_ARN)
+    return asked
 
 
 @pytest.fixture

@@ -10,12 +10,10 @@ from typing import Any
 
 import boto3
 import pytest
-from aws_lambda_powertools.utilities.parameters.exceptions import GetParameterError
 
 from conftest import R2_SECRET_ARN, Stack
 from functions import event, invoke, load_function
 from seedkeeper import config
-from seedkeeper.adapters import r2 as r2_module
 from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import RetentionSettings, new_checkpoint
 from seedkeeper.domain.models import Binding, OwnerClaim, SeedIdentity
@@ -169,37 +167,22 @@ def test_a_changed_object_a_missing_bucket_or_no_r2_is_unknown(
     assert runtime_calls == []
 
 
-def unreadable_r2_secret(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """R2's keys named by a secret whose reads are refused: the names asked for."""
-    asked: list[str] = []
-
-    def unreadable(name: str, transform: str) -> object:
-        asked.append(name)
-        raise GetParameterError("AccessDeniedException")
-
-    monkeypatch.setattr(r2_module, "get_secret", unreadable)
-    monkeypatch.setenv("SEEDKEEPER_R2_SECRET_ARN", R2_SECRET_ARN)
-    return asked
-
-
 def test_a_receipt_with_no_checkpoint_to_look_at_reads_no_r2_secret(
-    stack: Stack, monkeypatch: pytest.MonkeyPatch, runtime_calls: list[str]
+    stack: Stack, unreadable_r2_secret: list[str], runtime_calls: list[str]
 ) -> None:
     seeded_slot(stack)
-    asked = unreadable_r2_secret(monkeypatch)
     status, answer = invoke(receipt_function, event("receipt"))
     assert (status, answer["checkpoint"], answer["why"]) == (200, "unknown", "no-checkpoint")
-    assert asked == []
+    assert unreadable_r2_secret == []
 
 
 def test_a_checkpoint_behind_an_unreadable_r2_secret_is_unknown(
-    checkpointed: Checkpointed, monkeypatch: pytest.MonkeyPatch, runtime_calls: list[str]
+    checkpointed: Checkpointed, unreadable_r2_secret: list[str], runtime_calls: list[str]
 ) -> None:
     """As when R2 does not answer: nothing is claimed either way."""
-    asked = unreadable_r2_secret(monkeypatch)
     status, answer = invoke(receipt_function, event("receipt"))
     assert (status, answer["checkpoint"], answer["why"]) == (200, "unknown", "r2-unavailable")
-    assert asked == [R2_SECRET_ARN]
+    assert unreadable_r2_secret == [R2_SECRET_ARN]
     assert runtime_calls == []
 
 

@@ -12,12 +12,10 @@ from typing import Any
 
 import boto3
 import pytest
-from aws_lambda_powertools.utilities.parameters.exceptions import GetParameterError
 
-from conftest import R2_SECRET_ARN, Stack
+from conftest import Stack
 from functions import event, invoke
 from repos import git, tree
-from seedkeeper.adapters import r2 as r2_module
 from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding, SeedIdentity
@@ -161,23 +159,15 @@ def test_a_cold_slot_is_born_unseeded_and_runs_without_a_restore(slots: Slots) -
 
 
 def test_a_poll_that_touches_no_object_reads_no_r2_secret(
-    slots: Slots, monkeypatch: pytest.MonkeyPatch
+    slots: Slots, unreadable_r2_secret: list[str]
 ) -> None:
-    """R2's keys named by a secret that cannot be read: the seed function's client and
-    secret wait until a request touches an object, so a cold slot's birth and poll answer
-    as they would without R2 trouble, and the secret is never asked for."""
-    asked: list[str] = []
-
-    def unreadable(name: str, transform: str) -> object:
-        asked.append(name)
-        raise GetParameterError("AccessDeniedException")
-
-    monkeypatch.setattr(r2_module, "get_secret", unreadable)
-    monkeypatch.setenv("SEEDKEEPER_R2_SECRET_ARN", R2_SECRET_ARN)
+    """The seed function's R2 client and secret wait until a request touches an object, so
+    a cold slot's birth and poll answer as they would without R2 trouble, and the secret
+    is never asked for."""
     for _ in range(2):
         status, answer = slots.seed(slots.body(None, slot="cold-secret"))
         assert (status, answer["state"], answer["attempt"]) == (200, "unseeded", 1)
-    assert asked == []
+    assert unreadable_r2_secret == []
 
 
 def test_a_backup_id_no_generation_names_is_seed_missing_with_no_effect(
