@@ -130,6 +130,7 @@ def test_a_seed_in_the_lambda_image_answers_from_the_stacks_record_and_touches_i
             "slot": COLD_SLOT,
             "attempt": 1,
             "incarnation": born.incarnation,
+            "claim": None,
         },
     )
     after = record(COLD_SLOT)

@@ -94,6 +94,43 @@ def test_a_seed_missing_answer_is_not_a_claim_echo(client: SeedkeeperClient) -> 
     assert answer.reason == "seed-missing"
 
 
+def test_a_cold_answer_about_another_slot_or_without_the_claim_raises() -> None:
+    """A claimed slot is never taken for cold, nor one slot for another: a cold answer must
+    name the slot asked about and echo the claim, with an incarnation when claimed."""
+    claim = OwnerClaim(
+        run="r", requester="q", thread="t", repository="a/b", ref="main", head="a" * 40
+    )
+    cold = {"state": "unseeded", "seeded": False, "slot": "s", "attempt": 1}
+    echoed = cold | {"incarnation": "local:s:1", "claim": claim.model_dump()}
+    assert SeedkeeperClient._seed_answer(json.dumps(echoed).encode(), claim, "s") == Cold(
+        slot="s", attempt=1, incarnation="local:s:1", claim=claim
+    )
+    unclaimed = cold | {"incarnation": "local:s:1", "claim": None}
+    assert isinstance(
+        SeedkeeperClient._seed_answer(json.dumps(unclaimed).encode(), None, "s"), Cold
+    )
+    for answer, asked, slot in (
+        (unclaimed, claim, "s"),  # the claim not echoed
+        (echoed | {"incarnation": None}, claim, "s"),  # no incarnation
+        (echoed | {"claim": claim.model_copy(update={"run": "r2"}).model_dump()}, claim, "s"),
+        (echoed, claim, "other-slot"),  # about another slot
+        (unclaimed, None, "other-slot"),
+        (echoed, None, "s"),  # a claimed slot answering an unclaimed caller
+    ):
+        with pytest.raises(ClaimNotEchoed):
+            SeedkeeperClient._seed_answer(json.dumps(answer).encode(), asked, slot)
+
+
+def test_a_claimed_cold_seed_is_answered_with_its_claim(client: SeedkeeperClient) -> None:
+    claim = OwnerClaim(
+        run="r", requester="q", thread="t", repository="a/b", ref="main", head="a" * 40
+    )
+    answer = client.seed("claimed-cold", None, claim=claim)
+    assert isinstance(answer, Cold)
+    assert (answer.slot, answer.claim) == ("claimed-cold", claim)
+    assert answer.incarnation
+
+
 def test_a_claimed_answer_that_does_not_echo_the_claim_raises() -> None:
     claim = OwnerClaim(
         run="r", requester="q", thread="t", repository="a/b", ref="main", head="a" * 40
@@ -101,15 +138,16 @@ def test_a_claimed_answer_that_does_not_echo_the_claim_raises() -> None:
     other = claim.model_copy(update={"run": "someone-else"})
     seeding = {"state": "seeding", "slot": "s", "attempt": 1, "incarnation": "local:s:1"}
     with pytest.raises(ClaimNotEchoed):
-        SeedkeeperClient._seed_answer(json.dumps(seeding | {"claim": None}).encode(), claim)
+        SeedkeeperClient._seed_answer(json.dumps(seeding | {"claim": None}).encode(), claim, "s")
     with pytest.raises(ClaimNotEchoed):
         SeedkeeperClient._seed_answer(
-            json.dumps(seeding | {"claim": other.model_dump()}).encode(), claim
+            json.dumps(seeding | {"claim": other.model_dump()}).encode(), claim, "s"
         )
     with pytest.raises(ClaimNotEchoed):
         SeedkeeperClient._seed_answer(
             json.dumps(seeding | {"claim": claim.model_dump(), "incarnation": None}).encode(),
             claim,
+            "s",
         )
 
 

@@ -286,9 +286,10 @@ def test_the_owner_resumes_its_parked_slot_from_its_checkpoint(
     text = json.dumps(answer).encode()
     claim = parked.owner
     assert claim is not None
-    assert SeedkeeperClient._seed_answer(text, claim).model_dump(mode="json") == answer
+    slot = answer["slot"]
+    assert SeedkeeperClient._seed_answer(text, claim, slot).model_dump(mode="json") == answer
     with pytest.raises(ClaimNotEchoed):
-        SeedkeeperClient._seed_answer(text, claim.model_copy(update={"run": "run-2"}))
+        SeedkeeperClient._seed_answer(text, claim.model_copy(update={"run": "run-2"}), slot)
 
 
 def test_the_resumed_task_restores_the_checkpoint_with_the_work_intact(

@@ -150,6 +150,7 @@ def test_a_cold_slot_is_born_unseeded_and_runs_without_a_restore(slots: Slots) -
         "slot": "cold-1",
         "attempt": 1,
         "incarnation": "local:cold-1:1",
+        "claim": None,
     }
     record = slots.record("cold-1")
     assert record.state is State.UNSEEDED

@@ -98,7 +98,7 @@ class SeedkeeperClient:
         }
         deadline = time.monotonic() + timeout
         while True:
-            answer = self._seed_answer(self._call("POST", "/seed", body), claim)
+            answer = self._seed_answer(self._call("POST", "/seed", body), claim, slot)
             if not (wait and isinstance(answer, Seeding)):
                 return answer
             if time.monotonic() > deadline:
@@ -150,15 +150,24 @@ class SeedkeeperClient:
     # -- plumbing ---------------------------------------------------------------------
 
     @staticmethod
-    def _seed_answer(text: bytes, claim: OwnerClaim | None) -> SeedAnswer:
+    def _seed_answer(text: bytes, claim: OwnerClaim | None, slot: str) -> SeedAnswer:
+        """A slot answer (cold, seeding, seeded) must echo the claim asked with, with an
+        incarnation when there is one, and a cold or seeding one must name the slot asked
+        about: a claimed slot is never taken for cold, nor one slot for another."""
         answer = json.loads(text)
-        if answer.get("state") == "unseeded":
-            return Cold.model_validate_json(text)
-        if answer.get("seeded") is False:
+        if answer.get("seeded") is False and answer.get("state") != "unseeded":
             return NotSeeded.model_validate_json(text)
-        kind: type[Seeded] | type[Seeding] = Seeded if answer.get("seeded") else Seeding
+        kind: type[Cold] | type[Seeded] | type[Seeding] = (
+            Cold
+            if answer.get("state") == "unseeded"
+            else Seeded
+            if answer.get("seeded")
+            else Seeding
+        )
         parsed = kind.model_validate_json(text)
-        if claim is not None and (parsed.claim != claim or not parsed.incarnation):
+        if isinstance(parsed, Cold | Seeding) and parsed.slot != slot:
+            raise ClaimNotEchoed("the seed answer is about another slot")
+        if parsed.claim != claim or (claim is not None and not parsed.incarnation):
             raise ClaimNotEchoed("the seed answer does not echo this claim with an incarnation")
         return parsed
 

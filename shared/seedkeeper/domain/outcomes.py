@@ -56,6 +56,7 @@ class Cold(Model):
     slot: str
     attempt: int
     incarnation: str | None
+    claim: OwnerClaim | None = None  # echoed, as a seeding or seeded answer echoes it
 
 
 SeedOutcome = Seeded | NotSeeded | Cold | Seeding | Refused

@@ -326,7 +326,12 @@ def outcome_of(record: SlotRecord) -> Seeded | NotSeeded | Cold | Seeding:
     if record.state is State.SEED_FAILED and isinstance(result, SeedFailed):
         return NotSeeded(reason=result.reason, step=result.step, detail=result.detail)
     if record.state is State.UNSEEDED:
-        return Cold(slot=record.slot, attempt=record.attempt, incarnation=record.incarnation)
+        return Cold(
+            slot=record.slot,
+            attempt=record.attempt,
+            incarnation=record.incarnation,
+            claim=record.owner,
+        )
     return Seeding(
         slot=record.slot,
         attempt=record.attempt,
