@@ -267,8 +267,22 @@ NOT_OBJECTS = [
     "1.5",
     "true",
     "null",
+    '{"slot": "s"} trailing',
+    '{"a": 1}{"b": 2}',
+    '\ufeff{"slot": "s"}',
 ]
-WRONG_CONTENT_TYPES = ["text/plain", "text/html", "application/xml", "application/octet-stream"]
+# JSON and only JSON, in UTF-8 (RFC 8259): a form is not parsed as one, nor a body said to
+# be in another charset decoded as UTF-8.
+WRONG_CONTENT_TYPES = [
+    "text/plain",
+    "text/html",
+    "application/xml",
+    "application/octet-stream",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    "application/json; charset=latin-1",
+    "application/json;charset=utf-16",
+]
 
 
 def base_body(name: str) -> dict[str, Any]:
@@ -362,7 +376,7 @@ def test_bodies_that_are_not_json_objects_are_refused(
     for body in NOT_OBJECTS:
         status, answer = post(function, name, body, "application/json")
         refused = status == 400 and answer["error"] == "invalid-request"
-        if not (refused and any(f["field"].startswith("body") for f in answer["fields"])):
+        if not (refused and [f["field"] for f in answer["fields"]] == ["body"]):
             wrong.append((body, status, answer))
     assert wrong == []
     assert_nothing_written(stack)
@@ -379,10 +393,6 @@ def test_wrong_content_types_are_refused(stack: Stack, function: str, name: str)
     for content_type in WRONG_CONTENT_TYPES:
         status, answer = post(function, name, body, content_type)
         if (status, answer.get("error")) != (415, "unsupported-media-type"):
-            wrong.append((content_type, status, answer))
-    for content_type in ["application/x-www-form-urlencoded", "multipart/form-data; boundary=x"]:
-        status, answer = post(function, name, body, content_type)
-        if status != 400 or answer["error"] != "invalid-request":
             wrong.append((content_type, status, answer))
     assert wrong == []
     assert_nothing_written(stack)

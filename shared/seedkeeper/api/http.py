@@ -26,6 +26,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Response, content_types
 from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
+from aws_lambda_powertools.event_handler.middlewares.openapi_validation import (
+    OpenAPIRequestValidationMiddleware,
+)
 from aws_lambda_powertools.event_handler.openapi.exceptions import (
     RequestUnsupportedContentType,
     RequestValidationError,
@@ -60,6 +63,11 @@ _ONE_RESOLVING = threading.Lock()
 class _Resolver(LambdaFunctionUrlResolver):
     def __init__(self) -> None:
         super().__init__(enable_validation=True, json_body_deserializer=parse_body)
+        # Powertools validates a request (parsing its body as its content type says: a form
+        # as a form) before any middleware a resolver adds runs; the refusals that come
+        # before a body is parsed run first, in its place (its own attribute, which __init__
+        # sets when validation is on).
+        self._request_validation_middleware = _RefusalsFirst()  # type: ignore[no-untyped-call]
 
     def _to_proxy_event(self, event: dict[str, Any]) -> _FunctionUrlEvent:
         """Every body is read as UTF-8 or refused (Powertools would raise from inside the
@@ -84,7 +92,6 @@ class _Resolver(LambdaFunctionUrlResolver):
 
 def function_url_app() -> LambdaFunctionUrlResolver:
     app = _Resolver()
-    app.use(middlewares=[_served_routes_only, _json_bodies_only])
 
     @app.get("/healthz", responses=documented([Health], refusals=["unsupported-media-type"]))
     def healthz() -> Response[str]:
@@ -126,19 +133,27 @@ def function_url_app() -> LambdaFunctionUrlResolver:
     return app
 
 
-def _served_routes_only(
-    app: LambdaFunctionUrlResolver, next_middleware: NextMiddleware
-) -> Response[str]:
-    """A path no route serves is a 404, a method its routes do not serve a 405 naming the
-    ones they do; both before the body or its content type is looked at. (Powertools' own
-    answer to either is a 404 of another shape.)"""
-    allowed = _methods_serving(app, app.current_event.path)
-    if app.current_event.http_method in allowed:
-        answered: Response[str] = next_middleware(app)
+class _RefusalsFirst(OpenAPIRequestValidationMiddleware):
+    """Before a body is parsed or validated: a path no route serves is a 404, a method its
+    routes do not serve a 405 naming the ones they do (Powertools' own answer to either is a
+    404 of another shape); then a body is JSON and says so, `application/json` exactly, in
+    UTF-8 (RFC 8259: a `charset` parameter may say so and nothing else), or a 415.
+    Powertools would also parse `application/jsonx` or a body with no content type as
+    JSON, and a form or multipart body as a form."""
+
+    def handler(self, app: Any, next_middleware: NextMiddleware) -> Response[str]:
+        event = app.current_event
+        allowed = _methods_serving(app, event.path)
+        if event.http_method not in allowed:
+            if not allowed:
+                return answer(Refused("not-found"))
+            return answer(Refused("method-not-allowed"), headers={"Allow": ", ".join(allowed)})
+        if event.body and not _declares_json(
+            event.headers.get("content-type") or event.headers.get("Content-Type") or ""
+        ):
+            return _unsupported_media_type()
+        answered: Response[str] = super().handler(app, next_middleware)
         return answered
-    if not allowed:
-        return answer(Refused("not-found"))
-    return answer(Refused("method-not-allowed"), headers={"Allow": ", ".join(allowed)})
 
 
 def _methods_serving(app: LambdaFunctionUrlResolver, path: str) -> list[str]:
@@ -151,18 +166,14 @@ def _methods_serving(app: LambdaFunctionUrlResolver, path: str) -> list[str]:
     return sorted(methods)
 
 
-def _json_bodies_only(
-    app: LambdaFunctionUrlResolver, next_middleware: NextMiddleware
-) -> Response[str]:
-    """A body is JSON and says so: `application/json` exactly (a charset may follow).
-    Powertools would also parse `application/jsonx`, or a body with no content type."""
-    event = app.current_event
-    if event.body:
-        declared = event.headers.get("content-type") or event.headers.get("Content-Type") or ""
-        if declared.split(";")[0].strip().lower() != content_types.APPLICATION_JSON:
-            return _unsupported_media_type()
-    answered: Response[str] = next_middleware(app)
-    return answered
+def _declares_json(content_type: str) -> bool:
+    media, *parameters = (part.strip().lower() for part in content_type.split(";"))
+    charsets = [
+        value.strip('"')
+        for name, _, value in (p.partition("=") for p in parameters)
+        if name.strip() == "charset"
+    ]
+    return media == content_types.APPLICATION_JSON and all(c == "utf-8" for c in charsets)
 
 
 # Limits on a body, checked before it is parsed (depth) and while it is (the rest).
@@ -184,7 +195,7 @@ class _OverLimit(Exception):
 
 def parse_body(text: str) -> dict[str, Any]:
     """A request body as JSON, under the limits above, or a `RequestValidationError` on
-    `body`. Not JSON at all is left to the parser's own error (a 400 too). Linear in the
+    `body` (not JSON at all included, named by the parser's message). Linear in the
     body: depth is counted without recursing, before the parser (which recurses) runs."""
     try:
         if _depth(text) > MAX_DEPTH:
@@ -201,6 +212,8 @@ def parse_body(text: str) -> dict[str, Any]:
         json.dumps(parsed, ensure_ascii=False).encode()  # a lone surrogate cannot encode
     except _OverLimit as refused:
         raise _body_refused(str(refused)) from None
+    except json.JSONDecodeError as malformed:  # its message is the parser's, never the body
+        raise _body_refused(f"not JSON: {malformed.msg} at {malformed.pos}") from None
     except UnicodeEncodeError:
         raise _body_refused("not Unicode: a lone surrogate") from None
     return parsed
