@@ -189,8 +189,18 @@ HOSTILE_SHA256: list[Any] = [
     7,
 ]
 
-HOSTILE_EPOCHS: list[Any] = [-1, "1795950000", 1795950000.5, None, [], "x" * TEN_KB]
-HOSTILE_SIZES: list[Any] = [0, -1, "1", 1.5, None, "x" * TEN_KB]
+# Past the year 9999 (no time a clock or a table can show), and past R2's largest object.
+HOSTILE_EPOCHS: list[Any] = [
+    -1,
+    "1795950000",
+    1795950000.5,
+    None,
+    [],
+    "x" * TEN_KB,
+    253_402_300_800,
+    99_999_999_999_999_999_999,
+]
+HOSTILE_SIZES: list[Any] = [0, -1, "1", 1.5, None, "x" * TEN_KB, 5 * 1024**4, 10**20 - 1]
 
 CLAIM_FIELDS = [
     ("claim.run", HOSTILE_TEXT),

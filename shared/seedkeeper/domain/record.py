@@ -43,7 +43,9 @@ SWEEP_SHARDS = 16  # unless configured (`StoreSettings.sweep_shards`)
 MAX_SWEEP_SHARDS = 100  # two digits
 _LIVE_PARTITION = re.compile(r"live#[0-9]{2}")
 
-EpochSeconds = Annotated[int, Field(ge=0)]
+# Up to the last second of the year 9999: no later time is one a clock, a table or
+# Python's datetime can show (a 20-digit "time" was recorded, and listing it crashed).
+EpochSeconds = Annotated[int, Field(ge=0, le=253_402_300_799)]
 Detail = Annotated[str, Field(max_length=512)]
 
 

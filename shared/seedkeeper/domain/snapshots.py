@@ -24,13 +24,15 @@ from seedkeeper.domain.refused import Refused
 
 LockfileHash = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+# R2's largest object: 5 GiB less than 5 TiB (developers.cloudflare.com/r2/platform/limits).
+R2_MAX_OBJECT_BYTES = 5 * 1024**4 - 5 * 1024**3
 
 
 class Archive(Model):
     """One squashfs archive in R2, as its publisher measured it."""
 
     backup_id: BackupId
-    size: Annotated[int, Field(ge=1)]
+    size: Annotated[int, Field(ge=1, le=R2_MAX_OBJECT_BYTES)]
     sha256: Sha256
 
 
