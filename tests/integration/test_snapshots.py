@@ -408,7 +408,8 @@ def test_another_resources_backup_id_is_refused_and_never_deleted_by_this_one(
     stolen = b.snapshot(lockfile="lock").model_copy(update={part: getattr(owned, part)})
     with pytest.raises(SnapshotRefused, match="backup-id-owned") as refused:
         b.snapshots.record(stolen)
-    assert getattr(owned, part).backup_id in (refused.value.detail or "")
+    # Only the id another resource owns: the caller's own (the other part) is not named.
+    assert refused.value.detail == getattr(owned, part).backup_id
     assert b.resident() == before
     for _ in range(2):
         b.snapshots.record(b.snapshot(lockfile="lock"))
@@ -425,7 +426,7 @@ def test_two_resources_racing_to_record_one_fresh_id_exactly_one_owns_it(stack: 
         for w in (a, b)
     ]
     outcomes = commit_together(a.store, plans)
-    assert sorted(outcomes, key=repr) == [Committed(), Lost("backup-id-owned")]
+    assert sorted(outcomes, key=repr) == [Committed(), Lost("backup-id-owned", (fresh.backup_id,))]
     winner, loser = (a, b) if outcomes[0] == Committed() else (b, a)
     assert not loser.resident().exists
     with pytest.raises(SnapshotRefused, match="backup-id-owned"):

@@ -55,7 +55,7 @@ class Snapshots:
         if isinstance(committed, Lost):
             if committed.why == "conflict":
                 raise RotationConflict(new.resource)
-            raise SnapshotRefused(committed.why, ", ".join(sorted(new.backup_ids)))
+            raise SnapshotRefused(committed.why, ", ".join(committed.backup_ids))
         owed = resident.pending_ids | {debt.backup_id for debt in plan.garbage}
         return Recorded(
             resource=new.resource,

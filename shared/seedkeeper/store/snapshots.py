@@ -59,9 +59,11 @@ class Committed:
 
 @dataclass(frozen=True)
 class Lost:
-    """The transaction's conditions failed: `why` is a reason token."""
+    """The transaction's conditions failed: `why` is a reason token, `backup_ids` the ids
+    whose own conditions failed (another resource's, or still owed for deletion)."""
 
     why: Literal["conflict", "backup-id-pending-deletion", "backup-id-owned"]
+    backup_ids: tuple[str, ...] = ()
 
 
 class _Owned(Model):
@@ -177,14 +179,19 @@ class SnapshotStore:
             if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
                 raise translate_client_error(error) from error
             reasons = error.response.get("CancellationReasons", [])
-            failed = [
-                purpose
-                for (purpose, _), reason in zip(operations, reasons, strict=False)
+            refused = [
+                (purpose, operation)
+                for (purpose, operation), reason in zip(operations, reasons, strict=False)
                 if reason.get("Code") == "ConditionalCheckFailed"
             ]
+            failed = [purpose for purpose, _ in refused]
             if failed and "records" not in failed:
-                owned = "ownership" in failed
-                return Lost("backup-id-owned" if owned else "backup-id-pending-deletion")
+                why: Literal["backup-id-owned", "backup-id-pending-deletion"] = (
+                    "backup-id-owned" if "ownership" in failed else "backup-id-pending-deletion"
+                )
+                kind = "ownership" if why == "backup-id-owned" else "pending-check"
+                named = sorted(_object_of(op) for purpose, op in refused if purpose == kind)
+                return Lost(why, tuple(named))
             if failed or any(r.get("Code") == "TransactionConflict" for r in reasons):
                 return Lost("conflict")
             raise translate_client_error(error) from error
@@ -238,6 +245,13 @@ def _owe(pk: str, debt: PendingDeletion) -> dict[str, Any]:
     sk = GARBAGE_PREFIX + debt.backup_id
     first = Attr("SK").not_exists()
     return _put(pk, sk, debt, first, **owed_since(debt.since))
+
+
+def _object_of(operation: dict[str, Any]) -> str:
+    """The backup id an ownership claim or a pending-deletion check is about."""
+    if "Put" in operation:
+        return str(operation["Put"]["Item"]["PK"]).removeprefix(BACKUP_PREFIX)
+    return str(operation["ConditionCheck"]["Key"]["SK"]).removeprefix(GARBAGE_PREFIX)
 
 
 def _claim(resource: str, backup_id: str) -> dict[str, Any]:
