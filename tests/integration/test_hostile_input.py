@@ -131,6 +131,12 @@ HOSTILE_TEXT: list[Any] = [
     "a\tb",
     "\x1b[31mred",
     "a\x7f",
+    "a\x85b",  # NEL, a C1 control
+    "a\u2028b",  # line and paragraph separators: a second line
+    "a\u2029b",
+    "run-1\u202e1-nur",  # bidi overrides, isolates and marks: text that reads as other text
+    "a\u2066b\u2069",
+    "a\u200fb",
     "x" * 257,
     "x" * TEN_KB,
     7,

@@ -46,9 +46,16 @@ ResourceName = Annotated[str, StringConstraints(pattern=IDENTIFIER_PATTERN)]
 # sha-1 (40) or sha-256 (64) object names, lower-case as git prints them.
 GitSha = Annotated[str, StringConstraints(pattern=r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")]
 
-# Free text from the executor's trusted context: bounded, printable, one line.
+# Free text from the executor's trusted context: bounded, printable, one line. No C0 or C1
+# control, DEL, line or paragraph separator, nor bidi mark, embedding, override or isolate
+# (text that a terminal or a log shows as other text).
 ClaimText = Annotated[
-    str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
+    str,
+    StringConstraints(
+        min_length=1,
+        max_length=256,
+        pattern=r"^[^\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]+$",
+    ),
 ]
 
 
