@@ -7,6 +7,7 @@ AWS variables); `--table` and `--endpoint-url` override the table's.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import shlex
 import signal
@@ -18,11 +19,16 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+from urllib.parse import urlsplit
 
+from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ConnectionError as EndpointUnreachable
 from pydantic import TypeAdapter, ValidationError
+from pydantic_settings import BaseSettings
 from rich.console import Console
 from rich.filesize import decimal
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TransferSpeedColumn
 from rich.table import Table
 from rich.text import Text
@@ -32,7 +38,7 @@ from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings, snapshots
 from seedkeeper.domain.checkpoints import IdleSettings, RetentionSettings, lifecycle_days
-from seedkeeper.domain.models import ResourceName, SlotId
+from seedkeeper.domain.models import BranchRef, ResourceName, SlotId
 from seedkeeper.domain.outcomes import Payment, Recorded, SnapshotStatus
 from seedkeeper.domain.record import (
     Absent,
@@ -44,8 +50,8 @@ from seedkeeper.domain.record import (
     Supported,
     Unsupported,
 )
-from seedkeeper.domain.snapshots import Snapshot
-from seedkeeper.errors import SeedkeeperError
+from seedkeeper.domain.snapshots import LockfileHash, Snapshot
+from seedkeeper.errors import SeedkeeperError, StoreError, translate_client_error
 from seedkeeper_tools.demo import run_demo
 from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.listing import Listing, SlotListing
@@ -55,30 +61,119 @@ from seedkeeper_tools.local.stack import LocalStack
 from seedkeeper_tools.publish import publish
 from seedkeeper_tools.sam_env import serve_sam_env, write_local_template
 
-console = Console()
 Command = Callable[[argparse.Namespace], int]
+# Without a terminal the output is read by tools or copied (the seed handle): as wide as
+# its longest line, never cut or wrapped at Rich's default 80 columns. COLUMNS still rules.
+_PIPED_WIDTH = 1_000_000
+# Why a port cannot be listened on: in use, privileged, not this machine's.
+_BIND_ERRORS = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL})
+
+
+def _console() -> Console:
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = _PIPED_WIDTH
+    return console
+
+
+console = _console()
+
+
+class PortUnavailable(SeedkeeperError):
+    """`seedkeeper local` cannot listen on the port it was given."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs a command; an ordinary failure is one line and a nonzero exit, never a
+    traceback. Every text printed with markup has what came from outside escaped."""
     args = _parser().parse_args(argv)
     command: Command = args.run
     try:
         return command(args)
+    except KeyboardInterrupt:
+        console.print("interrupted", markup=False)
+        return 130  # 128 + SIGINT, as a shell reports it
     except ValidationError as invalid:
         for error in invalid.errors():
-            field = ".".join(str(part) for part in error["loc"])
-            console.print(f"[red]{field}[/red]: {error['msg']}")
+            where = _invalid_setting(invalid.title, error["loc"])
+            console.print(f"[red]{escape(where)}[/red]: {escape(error['msg'])}")
         return 2
     except SeedkeeperError as error:
-        console.print(f"[red]{type(error).__name__}[/red]: {error}")
+        console.print(f"[red]{type(error).__name__}[/red]: {escape(_explain(error, args))}")
         return 1
+    except BotoCoreError as error:  # raised by a client the store adapters do not wrap
+        console.print(escape(_unreachable(error) or f"{type(error).__name__}: {error}"))
+        return 1
+
+
+def _invalid_setting(title: str, loc: tuple[int | str, ...]) -> str:
+    """What to fix: the environment variable a settings class reads the field from (its
+    env_prefix and the field's name), else the field's dotted location."""
+    field = ".".join(str(part) for part in loc)
+    settings = _settings_class(title)
+    if settings is None or not loc or loc[0] not in settings.model_fields:
+        return field
+    info = settings.model_fields[str(loc[0])]
+    alias = info.validation_alias or info.alias
+    variable = (
+        alias
+        if isinstance(alias, str)
+        else f"{settings.model_config.get('env_prefix', '')}{loc[0]}"
+    )
+    return ".".join([variable.upper(), *map(str, loc[1:])])
+
+
+def _settings_class(title: str) -> type[BaseSettings] | None:
+    """The settings class a ValidationError's title names (its class name)."""
+    pending = BaseSettings.__subclasses__()
+    while pending:
+        settings = pending.pop()
+        if settings.__name__ == title:
+            return settings
+        pending += settings.__subclasses__()
+    return None
+
+
+def _explain(error: SeedkeeperError, args: argparse.Namespace) -> str:
+    """The error's line, naming the endpoint that did not answer or the missing table."""
+    cause = error.__cause__
+    unreachable = _unreachable(cause) if isinstance(cause, BotoCoreError) else None
+    if unreachable:
+        return unreachable
+    # Only DynamoDB's table answers this code, to a command that names a table.
+    missing = _code(cause) == "ResourceNotFoundException" and hasattr(args, "table")
+    if isinstance(error, StoreError) and missing:
+        return (
+            f"the table {_store(args).table} does not exist (ResourceNotFoundException):"
+            " `seedkeeper table-create` creates it"
+        )
+    return str(error)
+
+
+def _unreachable(error: BotoCoreError) -> str | None:
+    """The endpoint a connection failed to reach or to hear from, as scheme and host only (a
+    request's URL may carry a presigned query); None for an error of no connection."""
+    url = urlsplit(str(error.kwargs.get("endpoint_url", "")))
+    if not url.netloc:
+        return None
+    failed = "could not reach" if isinstance(error, EndpointUnreachable) else "no answer from"
+    return f"{failed} {url.scheme}://{url.netloc} ({type(error).__name__})"
+
+
+def _code(error: BaseException | None) -> str | None:
+    """An AWS error's code: errors are told apart by it, never by their text."""
+    return error.response.get("Error", {}).get("Code") if isinstance(error, ClientError) else None
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="seedkeeper", description=__doc__)
     parser.add_argument("--version", action="version", version=f"seedkeeper {__version__}")
     store = argparse.ArgumentParser(add_help=False)
-    store.add_argument("--table", help="lifecycle table name (default: $SEEDKEEPER_TABLE)")
+    store.add_argument(
+        "--table",
+        type=_valid(Annotated[str, StoreSettings.model_fields["table"]]),
+        help="lifecycle table name (default: $SEEDKEEPER_TABLE)",
+    )
     store.add_argument(
         "--endpoint-url",
         help="DynamoDB endpoint, for a local stand-in (default: $SEEDKEEPER_DYNAMODB_ENDPOINT)",
@@ -119,8 +214,13 @@ def _parser() -> argparse.ArgumentParser:
     publishing.add_argument("--resource", required=True, type=_valid(ResourceName))
     publishing.add_argument("--checkout", required=True, type=Path, help="a git checkout")
     publishing.add_argument("--deps", type=Path, help="the dependency tree to archive")
-    publishing.add_argument("--lockfile-hash", help="the key of the dependency archive")
-    publishing.add_argument("--ref", help="the branch to record (default: the checkout's)")
+    # Checked here, as the snapshot will be: not after the archives are uploaded.
+    publishing.add_argument(
+        "--lockfile-hash", type=_valid(LockfileHash), help="the key of the dependency archive"
+    )
+    publishing.add_argument(
+        "--ref", type=_valid(BranchRef), help="the branch to record (default: the checkout's)"
+    )
     publishing.add_argument(
         "--scrub-credentials",
         action="store_true",
@@ -152,7 +252,7 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--check", action="store_true", help="verify the rules; exit 1 if wrong")
     lifecycle.set_defaults(run=_r2_lifecycle)
     local = commands.add_parser("local", help="run all of Seedkeeper on this machine")
-    local.add_argument("--port", type=int, default=8787)
+    local.add_argument("--port", type=_port, default=8787, help="0: any free port")
     local.add_argument(
         "--data-dir",
         type=Path,
@@ -214,11 +314,11 @@ def _local(args: argparse.Namespace) -> int:
     stopping = threading.Event()
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop_signal, lambda *_: stopping.set())
-    stack.start()
     try:
+        _start(stack)
         with serve_sam_env(args.sam_env, os.environ) if args.sam_env else nullcontext():
             store = stack.store_environment()
-            console.print(f"Seedkeeper is listening on [bold]{stack.url}[/bold]")
+            console.print(f"Seedkeeper is listening on [bold]{escape(stack.url)}[/bold]")
             console.print(
                 f"sign requests (SigV4, service lambda) with access key "
                 f"{credentials.access_key}; Ctrl-C stops everything"
@@ -226,7 +326,8 @@ def _local(args: argparse.Namespace) -> int:
             console.print(
                 f"store (moto: DynamoDB and R2) {store['SEEDKEEPER_DYNAMODB_ENDPOINT']}, "
                 f"table and bucket {store['SEEDKEEPER_TABLE']}; idle window {idle_window} s; "
-                f"data in {stack.data_dir}"
+                f"data in {stack.data_dir}",
+                markup=False,
             )
             console.print("for `seedkeeper publish`, `status`, `snapshots` against it, paste:")
             exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in store.items())
@@ -238,6 +339,19 @@ def _local(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start(stack: LocalStack) -> None:
+    """Starts the stack; a port it cannot listen on is named (the caller stops what did
+    start: the store starts first)."""
+    try:
+        stack.start()
+    except OSError as failed:
+        if failed.errno not in _BIND_ERRORS:
+            raise
+        raise PortUnavailable(
+            f"cannot listen on 127.0.0.1:{stack.port}: {failed.strerror} (--port chooses another)"
+        ) from failed
+
+
 def default_data_dir() -> Path:
     """Outside any repository (a clone's working tree would list the workspaces): the user's
     state directory."""
@@ -247,7 +361,9 @@ def default_data_dir() -> Path:
 
 def _sam_template(args: argparse.Namespace) -> int:
     write_local_template(args.path)
-    console.print(f"wrote {args.path}: `sam build -t {args.path}` builds the functions from it")
+    console.print(
+        f"wrote {args.path}: `sam build -t {args.path}` builds the functions from it", markup=False
+    )
     return 0
 
 
@@ -265,6 +381,14 @@ def _valid(annotation: Any) -> Callable[[str], str]:
             raise argparse.ArgumentTypeError(invalid.errors()[0]["msg"]) from invalid
 
     return parse
+
+
+def _port(value: str) -> int:
+    """A TCP port, or 0 for any free one."""
+    port = int(value) if value.isascii() and value.isdigit() else -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port: 0..65535 (0: any free one)")
+    return port
 
 
 def _idle_window(value: str) -> int:
@@ -317,8 +441,16 @@ def _create_table(args: argparse.Namespace) -> int:
     client = aws.client(
         aws.session(), "dynamodb", budget=aws.TOOLS, endpoint_url=settings.dynamodb_endpoint
     )
-    create_table(client, settings.table, load_template())
-    console.print(f"created table [bold]{settings.table}[/bold] from template.yaml")
+    try:
+        create_table(client, settings.table, load_template())
+    except ClientError as error:
+        # As r2-bucket-create: what was asked for is there (whether it is as the template
+        # declares it, table-create never checked).
+        if _code(error) == "ResourceInUseException":
+            console.print(f"the table {settings.table} already exists", markup=False)
+            return 0
+        raise translate_client_error(error) from error
+    console.print(f"created table [bold]{escape(settings.table)}[/bold] from template.yaml")
     return 0
 
 
@@ -378,7 +510,7 @@ def _r2_lifecycle(args: argparse.Namespace) -> int:
         r2.apply_lifecycle(days)
     problems = r2.lifecycle_problems(days)
     for problem in problems:
-        console.print(f"[red]lifecycle[/red]: {problem}")
+        console.print(f"[red]lifecycle[/red]: {escape(problem)}")
     if not problems:
         console.print(
             f"lifecycle: backups/ expire after 365 days, checkpoints/ after {days} days;"
@@ -389,15 +521,16 @@ def _r2_lifecycle(args: argparse.Namespace) -> int:
 
 def _describe(classified: Classified) -> Table | str:
     if isinstance(classified, Absent):
-        return f"slot {classified.slot}: [yellow]absent[/yellow] (no lifecycle record)"
+        return f"slot {escape(classified.slot)}: [yellow]absent[/yellow] (no lifecycle record)"
     if isinstance(classified, Unsupported):
         return (
-            f"slot {classified.slot}: [yellow]unsupported[/yellow] (schema {classified.schema}, "
+            f"slot {escape(classified.slot)}: [yellow]unsupported[/yellow] "
+            f"(schema {escape(str(classified.schema))}, "
             "written by a newer deployment; retained, never rewritten)"
         )
     if isinstance(classified, Malformed):
         return (
-            f"slot {classified.slot}: [red]malformed[/red] ({classified.error}; "
+            f"slot {escape(classified.slot)}: [red]malformed[/red] ({escape(classified.error)}; "
             "retained, never rewritten)"
         )
     return _facts(f"slot {classified.record.slot}", _slot_facts(classified.record))
@@ -579,16 +712,22 @@ def _generation(snapshot: Snapshot | None) -> str:
 
 
 def _facts(title: str, rows: dict[str, str]) -> Table:
-    table = Table(title=title, show_header=False)
+    """Store values, never read as markup."""
+    table = Table(title=escape(title), show_header=False)
     table.add_column("fact", style="bold")
     table.add_column("value")
     for fact, value in rows.items():
-        table.add_row(fact, value)
+        table.add_row(fact, escape(value))
     return table
 
 
 def _when(epoch_seconds: int) -> str:
-    return datetime.fromtimestamp(epoch_seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    """A UTC date, or the number as recorded when it is no date this platform can show (a
+    record written by another tool, or before the API bounded it)."""
+    try:
+        return datetime.fromtimestamp(epoch_seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):
+        return str(epoch_seconds)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ def publish(
     publish unless `scrub_credentials`; `scrubbed` is told what a scrub removed."""
     if (deps is None) != (lockfile_hash is None):
         raise PublishFailed("--deps and --lockfile-hash go together")
+    checkout = checkout.resolve()  # git, the checks and mksquashfs all read the same one
     with tempfile.TemporaryDirectory(prefix="seedkeeper-publish-", dir=workdir) as scratch:
         with _git_for(checkout) as git:
             sha, branch = _head(git)
@@ -205,7 +206,10 @@ def head_of(checkout: Path) -> tuple[str, str]:
 @contextmanager
 def _git_for(checkout: Path) -> Iterator[SafeGit]:
     """Git for the resident's checkout, hardened as the slot task's is: the resident trusts
-    its own checkout, but git then reads nothing else and runs none of its commands."""
+    its own checkout, but git then reads nothing else and runs none of its commands.
+    Absolute: SafeGit gives git the checkout twice, `-C` and a GIT_DIR that git then reads
+    from inside it, and `.` has no parent to stop discovery at."""
+    checkout = checkout.resolve()
     with empty_home() as home:
         yield SafeGit(checkout, ceiling=checkout.parent, home=home)
 
