@@ -9,7 +9,10 @@ request signed by the other principal is refused like any bad signature.
 
 It refuses what a function URL refuses, and answers every refusal in JSON: a body framed
 any way but one decimal Content-Length that arrives in full, a repeated Host, any method
-before its signature is checked, and whatever Python's HTTP parser rejects.
+(one http.server does not know too) before its signature is checked, and whatever Python's
+HTTP parser rejects. A path no function serves is the 404 a function gives a path it does
+not serve, in the functions' one error body. A body that is not UTF-8 reaches the function
+base64-encoded, as Lambda delivers it, never rewritten: the function refuses it.
 
 Requests are read, checked and answered by a thread each, but the functions run one
 invocation at a time, as in a Lambda execution environment: the handlers keep the invocation
@@ -37,6 +40,7 @@ from types import ModuleType
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from seedkeeper.api.answers import ErrorAnswer
 from seedkeeper.observability import logger
 from seedkeeper_tools.infra import FUNCTIONS
 from seedkeeper_tools.local.sigv4 import verify
@@ -64,6 +68,9 @@ REQUEST_TIMEOUT = 10.0
 # Digits only (no sign, `_` or base prefix that int() would take), few enough that int()
 # is cheap: no body has more than 18 digits of length.
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
+
+# What a function answers for a path it does not serve (`seedkeeper.api.http`).
+NOT_FOUND = ErrorAnswer(error="not-found").model_dump_json().encode()
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 
@@ -94,8 +101,8 @@ class Principal:
 
 
 @dataclass(frozen=True)
-class _Context:
-    """What a handler reads of the Lambda context."""
+class LocalContext:
+    """What a handler (and Powertools' logger) reads of the Lambda context."""
 
     function_name: str
     aws_request_id: str
@@ -241,10 +248,10 @@ class _Request(http.server.BaseHTTPRequestHandler):
             self._answer(HTTPStatus.FORBIDDEN)
             return
         if function is None:
-            self._answer(HTTPStatus.NOT_FOUND)
+            self._send(HTTPStatus.NOT_FOUND, {"Content-Type": "application/json"}, NOT_FOUND)
             return
         event = self._event(path, body, principal)
-        context = _Context(
+        context = LocalContext(
             function_name=f"seedkeeper-{function}",
             aws_request_id=event["requestContext"]["requestId"],
         )
@@ -269,8 +276,13 @@ class _Request(http.server.BaseHTTPRequestHandler):
             now=datetime.now(UTC),
         )
 
-    # Every method a function URL takes is authenticated first, then the function decides.
-    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _serve
+    def __getattr__(self, name: str) -> Callable[[], None]:
+        """Every method is authenticated first, then the function decides (a method its
+        path does not serve is its 405): http.server answers one it finds no `do_` method
+        for with 501, before anything is checked."""
+        if name.startswith("do_"):
+            return self._serve
+        raise AttributeError(name)
 
     def _body(self) -> bytes | HTTPStatus:
         """The body as its one Content-Length frames it, or why the request is refused (and
@@ -333,8 +345,7 @@ class _Request(http.server.BaseHTTPRequestHandler):
                 "time": datetime.fromtimestamp(now, UTC).strftime("%d/%b/%Y:%H:%M:%S +0000"),
                 "timeEpoch": int(now * 1000),
             },
-            "body": body.decode("utf-8", errors="replace") if body else None,
-            "isBase64Encoded": False,
+            **_lambda_body(body),
         }
 
     def _answer(self, status: HTTPStatus) -> None:
@@ -353,3 +364,12 @@ class _Request(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":  # a HEAD answer says how long the body is, without it
             self.wfile.write(body)
+
+
+def _lambda_body(body: bytes) -> dict[str, Any]:
+    """The event's body as Lambda delivers it: text when it is UTF-8, else base64 (for the
+    function to decode or refuse: a byte replaced would make two bodies one)."""
+    try:
+        return {"body": body.decode() if body else None, "isBase64Encoded": False}
+    except UnicodeDecodeError:
+        return {"body": base64.b64encode(body).decode(), "isBase64Encoded": True}
