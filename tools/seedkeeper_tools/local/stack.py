@@ -5,8 +5,12 @@ them, answers only requests signed with the store's keys (random for each start)
 items by their TTL; the table and bucket are created from `template.yaml`; a function-URL
 gateway on 127.0.0.1 checks SigV4 and serves the same handlers as AWS, in this process;
 slot tasks run as local processes, or as containers of the slot image (`task_runtime`
-docker); a timer runs the idle sweep. Only configuration differs from a deployment: the
-environment this class sets.
+docker); a timer runs the idle sweep, beside the functions as in AWS, its log lines its own.
+Only configuration differs from a deployment: the environment this class sets.
+
+A stack holds its data directory (an exclusive lock) from its start to the end of its stop:
+another on the same directory would stop this one's tasks and launch into its slots, so it
+refuses to start.
 
 The store's keys stand in for the slot task role: a task signs with them, for the store and
 for the gateway's checkpoint route, the one route the gateway takes them on (the task role
@@ -15,27 +19,42 @@ may invoke only the checkpoint function); the executor's `credentials` sign ever
 
 from __future__ import annotations
 
+import fcntl
+import math
 import os
 import secrets
 import threading
+import uuid
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 import boto3
+from aws_lambda_powertools.logging.lambda_context import build_lambda_context_model
 
 from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings, sweeper_from_env
+from seedkeeper.errors import SeedkeeperError
 from seedkeeper.observability import logger
 from seedkeeper.services.sweep import Report
 from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.local.docker import DEFAULT_IMAGE, DockerRuntime
-from seedkeeper_tools.local.gateway import FunctionUrlGateway, LocalCredentials
+from seedkeeper_tools.local.gateway import FunctionUrlGateway, LocalContext, LocalCredentials
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.store import StoreProcess
 
 # The stack's one region: its AWS_DEFAULT_REGION, and the only scope the gateway accepts.
 REGION = "us-east-1"
+# Seconds between sweeps, at least: less would sweep back to back, holding the functions up.
+MIN_SWEEP_INTERVAL = 1.0
+# The idle sweep's function name, as the functions' are named (`seedkeeper-<folder>`).
+IDLE_SWEEP = "seedkeeper-idle_sweep"
+# In the data directory, locked for as long as a stack uses it.
+LOCK_FILE = ".stack.lock"
+
+
+class LocalStackRefused(SeedkeeperError):
+    """The stack will not start as asked; the message says why (the CLI prints it)."""
 
 
 class LocalStack:
@@ -55,6 +74,11 @@ class LocalStack:
         """`park_retention` (seconds) and `watch_interval` (a slot task's, seconds): None
         leaves what the environment says (`SEEDKEEPER_PARK_RETENTION`, else the template's
         default; `SEEDKEEPER_WATCH_INTERVAL`, else the task's own default)."""
+        if not (math.isfinite(sweep_interval) and sweep_interval >= MIN_SWEEP_INTERVAL):
+            raise LocalStackRefused(
+                f"--sweep-interval must be at least {MIN_SWEEP_INTERVAL:g} second "
+                f"(got {sweep_interval:g})"
+            )
         self.data_dir = data_dir.resolve()
         self.task_runtime = task_runtime
         self.slot_image = slot_image
@@ -69,6 +93,7 @@ class LocalStack:
         self._stopping = threading.Event()
         self._sweeper: threading.Thread | None = None
         self._saved: dict[str, str | None] = {}
+        self._lock: IO[str] | None = None
         # The table's and the bucket's name: fresh for each stack, so that nothing one
         # stack wrote is ever read as another's.
         self.name = f"seedkeeper-local-{secrets.token_hex(4)}"
@@ -101,6 +126,16 @@ class LocalStack:
     def start(self) -> LocalStack:
         if isinstance(self.runtime, DockerRuntime):
             self.runtime.check()  # no engine, no image: say so now, not at the first seed
+        self._hold_data_dir()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()  # what did start is stopped, and the data directory let go
+            raise
+        logger.info("local stack started", url=self.url)
+        return self
+
+    def _start(self) -> None:
         self._store = StoreProcess(self.store_credentials, region=REGION).start()
         self._configure(self._store.endpoint)
         store = StoreSettings()
@@ -124,11 +159,32 @@ class LocalStack:
         self._gateway.start()
         self._sweeper = threading.Thread(target=self._sweep_on_a_timer, daemon=True)
         self._sweeper.start()
-        logger.info("local stack started", url=self.url)
-        return self
+
+    def _hold_data_dir(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        lock = (self.data_dir / LOCK_FILE).open("a")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise LocalStackRefused(
+                f"another local stack uses {self.data_dir}: stop it, or give this one "
+                "another --data-dir"
+            ) from None
+        self._lock = lock
 
     def sweep(self) -> Report:
-        return sweeper_from_env().sweep()
+        """A sweep now, as the timer runs one: beside the functions' invocations, as the
+        scheduled function runs in AWS (in execution environments of its own). Its log lines
+        name it: Powertools' logger keys are process-wide and each invocation sets them, so
+        the sweep's Lambda context keys are its thread's own, which outrank those."""
+        context = LocalContext(function_name=IDLE_SWEEP, aws_request_id=str(uuid.uuid4()))
+        keys = {"cold_start": False, **vars(build_lambda_context_model(context))}
+        logger.thread_safe_append_keys(**keys)
+        try:
+            return sweeper_from_env().sweep()
+        finally:
+            logger.thread_safe_remove_keys(keys)
 
     def store_environment(self) -> dict[str, str]:
         """What a tool needs to reach this stack's table and bucket (`seedkeeper publish`,
@@ -149,7 +205,11 @@ class LocalStack:
     def stop(self) -> None:
         """Stops everything it started: the gateway (once the invocation under way is done:
         it may be launching a task), every slot task at once, the timer (a sweep under way
-        then finds its slots stopped; its writes still reach the store), the store."""
+        then finds its slots stopped; its writes still reach the store), the store; then
+        lets the data directory go. A stack that never held it (refused at start) has
+        nothing to stop: the tasks there are another stack's."""
+        if self._lock is None:
+            return
         self._stopping.set()
         if self._gateway is not None:
             self._gateway.stop()
@@ -166,6 +226,8 @@ class LocalStack:
         # Forgets the stack's keys: Seedkeeper's session and boto3's default one.
         aws.use_session(None)
         boto3.setup_default_session()
+        self._lock.close()
+        self._lock = None
 
     def _configure(self, endpoint: str) -> None:
         """The environment every handler, the sweep and every slot task reads."""
