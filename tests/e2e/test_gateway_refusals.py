@@ -222,7 +222,8 @@ def test_a_chunked_body_is_refused_not_read_as_the_next_request(stack: LocalStac
     assert answer.message() == "Length Required"
 
 
-METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD")
+# Those http.server does not know too (it would answer them 501 before authenticating).
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD", "TRACE", "PROPFIND")
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -260,7 +261,6 @@ def test_a_signed_method_a_route_does_not_serve_reaches_the_function_and_is_a_40
         (b"GET /healthz HTTP/2.0\r\nHost: localhost\r\n\r\n", 505),
         (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: localhost\r\n\r\n", 414),
         (b"GET /healthz HTTP/1.1\r\n" + b"X-Filler: 1\r\n" * 101 + b"\r\n", 431),
-        (b"TRACE /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n", 501),
     ],
     ids=[
         "request-line",
@@ -268,7 +268,6 @@ def test_a_signed_method_a_route_does_not_serve_reaches_the_function_and_is_a_40
         "version",
         "uri-too-long",
         "too-many-headers",
-        "unknown-method",
     ],
 )
 def test_a_request_the_http_parser_rejects_gets_json_not_an_html_page(
