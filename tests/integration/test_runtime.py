@@ -323,6 +323,34 @@ def test_a_local_task_gets_what_an_ecs_task_gets_and_no_r2_key(
     assert stat.S_IMODE((slot_folder / "attempt-1.log").stat().st_mode) == 0o600
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="slot users exist only under a root runtime")
+def test_another_slots_sandbox_cannot_reach_a_slots_workspace(tmp_path: Path) -> None:
+    """Slot users are one slot's each: a file the checkout holds readable by all (as an
+    archive's 644 files are) is read by its own slot's user, never by another's, who
+    could guess the path (slot names are the executor's, attempts count from 1)."""
+    local = LocalRuntime(
+        tmp_path / "data",
+        command=(sys.executable, "-c", FAKE_TASK),
+        slot_uids_from=SLOT_UIDS_FROM_HERE,
+    )
+    mine, theirs = (local.launch(plan(slot)) for slot in ("slot-1", "slot-2"))
+    try:
+        readable = local.workspace("slot-1") / "checkout" / "README"
+        readable.parent.mkdir()
+        readable.write_text("the run's work")
+        readable.chmod(0o644)
+        for slot, can in (("slot-1", True), ("slot-2", False)):
+            uid = local.slot_uid(slot)
+            assert uid is not None
+            read = subprocess.run(
+                ["cat", str(readable)], user=uid, group=uid, capture_output=True, check=False
+            )
+            assert (read.returncode == 0) is can, (slot, read)
+    finally:
+        local.stop(mine)
+        local.stop(theirs)
+
+
 def test_a_local_task_may_be_given_all_the_task_definition_gives() -> None:
     """template.yaml's slot container environment, name for name: a variable added there
     reaches local tasks too (the Docker runtime reads the names from the template)."""

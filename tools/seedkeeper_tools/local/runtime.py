@@ -159,8 +159,13 @@ class LocalRuntime:
         for searchable in (self._root, workspace.parent):
             searchable.chmod(0o711)
         if os.geteuid() == 0:
-            for reached in let_slot_user_reach(workspace):
+            for reached in let_slot_user_reach(workspace.parent):
                 logger.warning("folder made searchable for the slot user", folder=str(reached))
+            # Root's, searchable by the slot's own group alone (its user's gid is its uid):
+            # slot names are the executor's and attempts count from 1, so another slot's
+            # sandbox could guess the path and read every file the archive made readable.
+            os.chown(workspace, 0, self._allocate_slot_uid(plan.slot))
+            workspace.chmod(0o710)
         log = os.open(
             folder / f"attempt-{plan.attempt}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
         )
