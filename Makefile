@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+IAM_NODE := tests/iam/node
+IAM_STAMP := $(IAM_NODE)/node_modules/.installed
 
 .DEFAULT_GOAL := help
 .PHONY: help setup system-packages test unit lint format pr clean demo sam-validate image docker-packages lambda-image sam-cli sam-local-build
@@ -11,7 +13,7 @@ STAMP := $(VENV)/.installed
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-setup: system-packages $(STAMP) ## Create .venv with the project and its dev tools; install git and squashfs-tools if missing
+setup: system-packages $(STAMP) $(IAM_STAMP) ## Create .venv with the project and its dev tools, and the IAM check's evaluator; install git, squashfs-tools and node if missing
 
 # Installs the Debian packages of the commands missing here (with apt-get, as root), or
 # says which to install: $(call apt-packages,command:package ...). /usr/sbin counts too:
@@ -32,14 +34,21 @@ define apt-packages
 	fi
 endef
 
-# git and squashfs-tools are system tools the slot task and the tests run for real.
+# git and squashfs-tools are system tools the slot task and the tests run for real; node
+# runs the suite's IAM evaluator (tests/iam).
 system-packages:
-	$(call apt-packages,git:git unsquashfs:squashfs-tools)
+	$(call apt-packages,git:git unsquashfs:squashfs-tools node:nodejs npm:npm)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+# The suite's IAM evaluator (@cloud-copilot/iam-simulate, AGPL: a dev-only tool the tests
+# run in a node process of their own), exactly as package-lock.json pins it.
+$(IAM_STAMP): $(IAM_NODE)/package-lock.json
+	npm ci --prefix $(IAM_NODE) --no-audit --no-fund --silent
 	touch $@
 
 # The slot task's image (functions/seed_task/Dockerfile) as SLOT_IMAGE; the container
@@ -72,10 +81,19 @@ test: setup ## Run the whole test suite (unit, integration, e2e), in parallel
 unit: setup ## Run the network-free unit tests (tests/unit) only: seconds
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
-lint: setup ## ruff (lint and format check) and mypy
+lint: setup checkov-cli ## ruff (lint and format check), mypy, and checkov on template.yaml (offline; .checkov.yaml lists each skip and why)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(CHECKOV_VENV)/bin/checkov --config-file .checkov.yaml
+
+# checkov pins its own boto3 and networkx: it gets its own virtualenv, at a pinned version
+# (a newer one brings new checks).
+CHECKOV_VENV := .checkov-venv
+
+.PHONY: checkov-cli
+checkov-cli:
+	test -x $(CHECKOV_VENV)/bin/checkov || { $(PYTHON) -m venv $(CHECKOV_VENV) && $(CHECKOV_VENV)/bin/pip install --quiet 'checkov==3.3.30'; }
 
 format: setup ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
@@ -102,8 +120,8 @@ bench: setup bench-packages ## Benchmark the restore, the checkpoint and the res
 bench-packages:
 	$(call apt-packages,nginx:nginx curl:curl aria2c:aria2 openssl:openssl zstd:zstd)
 
-clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+clean: ## Remove the virtualenvs, the IAM evaluator's packages and caches
+	rm -rf $(VENV) $(CHECKOV_VENV) $(IAM_NODE)/node_modules .mypy_cache .ruff_cache .pytest_cache
 
 # SAM CLI pins an old boto3: it gets its own virtualenv. `sam build` needs a python3.13.
 SAM_VENV := .sam-venv

@@ -46,7 +46,7 @@ from seedkeeper.observability import logger
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.demo import commit_change, published_snapshot, sample_repository
-from seedkeeper_tools.local.gateway import LocalCredentials
+from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.stack import LocalStack
 
 # measure(request, target, met, call): count the calls `call` makes, as one row.

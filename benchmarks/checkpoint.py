@@ -80,8 +80,8 @@ DRIVER = r"""
 import json, os, re, resource, sys, time
 from pathlib import Path
 
+import seedkeeper_task.supervisor  # the modules a supervisor holds while it waits
 from seedkeeper_task import capture as module
-from seedkeeper_task.supervisor import task_store
 from seedkeeper_task.watch import MAX_CHECKPOINT_BYTES
 
 def status(name):
@@ -100,7 +100,6 @@ def timed(name, function):
 
 module._mksquashfs = timed("mksquashfs", module._mksquashfs)
 module._seal_and_hash = timed("hash (sha256, md5)", module._seal_and_hash)
-task_store()  # the table client a supervisor holds while it waits
 resident = status("VmRSS")
 try:
     with open("/proc/self/clear_refs", "w") as clear:

@@ -35,7 +35,7 @@ from seedkeeper.observability import logger
 from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.demo import published_snapshot, sample_repository
 from seedkeeper_tools.local.docker import DEFAULT_IMAGE, DockerRuntime
-from seedkeeper_tools.local.gateway import LocalCredentials
+from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.stack import LocalStack
 
 ORIGIN = "https://git.example.com/bench/widgets.git"

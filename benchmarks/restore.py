@@ -120,8 +120,9 @@ from seedkeeper_task.restore.extract import UNSQUASHFS_COMMAND
 from seedkeeper_task.settings import TaskSettings
 from seedkeeper_task.supervisor import CHECKOUT
 from seedkeeper_tools.infra import create_table, load_template
-from seedkeeper_tools.local.gateway import FunctionUrlGateway, LocalCredentials
+from seedkeeper_tools.local.gateway import FunctionUrlGateway
 from seedkeeper_tools.local.motoserver import AtomicMotoServer
+from seedkeeper_tools.local.principals import TASK_ROLE_ARN, LocalCredentials, TaskKeys
 from seedkeeper_tools.publish import build_squashfs, measure
 
 GENERATOR_VERSION = 4  # bump when the generator changes: cached inputs are rebuilt
@@ -952,9 +953,10 @@ def serve_object(root: Path, key: str, source: Path) -> None:
     os.link(source, target)
 
 
-def checkpoint_function(dynamodb_endpoint: str) -> FunctionUrlGateway:
+def checkpoint_function(dynamodb_endpoint: str, keys: TaskKeys) -> FunctionUrlGateway:
     """The real checkpoint function, served (started) in this process by the local
-    function-URL gateway, which takes the task's keys (FAKE_AWS) as the task role's. Its
+    function-URL gateway, which takes each task's own keys (`keys`, as the local runtime
+    issues them: its session of the task role). Its
     handler reads its settings from this process's environment when called: the lifecycle
     table at `dynamodb_endpoint` and R2's BUCKET with fake keys (nginx checks no signature);
     each run names the R2 endpoint, its nginx (`Bench.task`)."""
@@ -967,14 +969,14 @@ def checkpoint_function(dynamodb_endpoint: str) -> FunctionUrlGateway:
             "SEEDKEEPER_R2_BUCKET": BUCKET,
             "SEEDKEEPER_R2_ACCESS_KEY_ID": "bench",
             "SEEDKEEPER_R2_SECRET_ACCESS_KEY": "bench",
+            "SEEDKEEPER_TASK_ROLE_ARN": TASK_ROLE_ARN,
         }
     )
-    task_keys = LocalCredentials(FAKE_AWS["AWS_ACCESS_KEY_ID"], FAKE_AWS["AWS_SECRET_ACCESS_KEY"])
     return FunctionUrlGateway(
         "127.0.0.1",
         0,
         LocalCredentials("bench-executor", secrets.token_hex(16)),  # no executor calls here
-        task_credentials=task_keys,
+        task_keys=keys,
         region=REGION,
     ).start()
 
@@ -1119,6 +1121,7 @@ class Bench:
     lifecycle: Lifecycle
     snapshots: SnapshotStore
     environment: dict[str, str]  # what every subprocess inherits: no SEEDKEEPER_*, fake AWS
+    keys: TaskKeys  # each task's own, as the local runtime gives them
     # Each run extracts into a fresh journaled filesystem: this machine's root filesystem
     # (ext4 without a journal) makes creating files right after deleting many quadratic.
     disks: Disks = field(default_factory=Disks)
@@ -1213,6 +1216,7 @@ class Bench:
         the record is settled, writes the time (`ready_s`) and the task's peak RSS (VmHWM)
         into `folder` and exits. Its log: `folder`/task.log."""
         hwm, ready = folder / "vmhwm", folder / "ready"
+        keys = self.keys.issue(incarnation)
         probe = (
             f"date +%s.%N > {shlex.quote(str(ready))}; "
             f"grep VmHWM /proc/$PPID/status > {shlex.quote(str(hwm))}"
@@ -1221,8 +1225,9 @@ class Bench:
             PLAN_VARIABLE: plan.to_env(),
             "SEEDKEEPER_WORKSPACE": str(workspace),
             "SEEDKEEPER_INCARNATION": incarnation,
-            "SEEDKEEPER_TABLE": TABLE,
-            "SEEDKEEPER_DYNAMODB_ENDPOINT": self.endpoint,
+            # Its own session of the task role, for its API alone (the checkpoint function).
+            "AWS_ACCESS_KEY_ID": keys.access_key,
+            "AWS_SECRET_ACCESS_KEY": keys.secret_key,
             "SEEDKEEPER_CHECKPOINT_URL": self.checkpoint_url,
             "SEEDKEEPER_SANDBOX_COMMAND": json.dumps(["sh", "-c", probe]),
         }
@@ -1820,7 +1825,8 @@ def measure_all(
     """Per link and size, at least MIN_ROUNDS rounds of the three, up to `rounds` while
     the time budget allows; the order rotates every round."""
     moto = AtomicMotoServer().start()
-    gateway = checkpoint_function(moto.endpoint)
+    keys = TaskKeys(workdir)
+    gateway = checkpoint_function(moto.endpoint, keys)
     servers = [
         Nginx(workdir / "archives", workdir, limit_rate=rate, home=f"nginx-{index}")
         for index, rate in enumerate(rates)
@@ -1841,6 +1847,7 @@ def measure_all(
                 lifecycle=Lifecycle(table.Table(TABLE)),
                 snapshots=SnapshotStore(table.Table(TABLE)),
                 environment=_environment(workdir),
+                keys=keys,
                 slots=slots,
             )
             for server in servers

@@ -70,6 +70,7 @@ from seedkeeper_task import capture
 from seedkeeper_task.supervisor import CHECKOUT
 from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.local.motoserver import AtomicMotoServer
+from seedkeeper_tools.local.principals import TaskKeys
 
 if TYPE_CHECKING:
     from benchmarks import restore
@@ -529,7 +530,8 @@ def measure_all(
     for archived in (archived for case in inputs for archived in case.archives):
         os.link(archived.path, served / archived.path.name)
     moto = AtomicMotoServer().start()
-    gateway = restore.checkpoint_function(moto.endpoint)
+    keys = TaskKeys(workdir)
+    gateway = restore.checkpoint_function(moto.endpoint, keys)
     servers = [
         restore.Nginx(served, workdir, limit_rate=rate, home=f"resume-nginx-{index}")
         for index, rate in enumerate(rates)
@@ -554,6 +556,7 @@ def measure_all(
                     lifecycle=Lifecycle(table),
                     snapshots=SnapshotStore(table),
                     environment=restore._environment(workdir),
+                    keys=keys,
                 ),
                 rate=rate,
                 disks=disks,

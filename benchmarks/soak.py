@@ -54,7 +54,7 @@ from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.observability import logger
 from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.demo import published_snapshot, sample_repository
-from seedkeeper_tools.local.gateway import LocalCredentials
+from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.stack import LocalStack
 

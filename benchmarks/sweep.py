@@ -80,6 +80,9 @@ class Tasks:
     def statuses(self, incarnations: Iterable[str]) -> dict[str, TaskState]:
         return {i: UNKNOWN if stuck(i.split(":")[1]) else RUNNING for i in incarnations}
 
+    def launched_for(self, incarnation: str) -> None:
+        raise AssertionError("the sweep never asks what a task was launched for")
+
     def stop(self, incarnation: str) -> None:
         self.stopped += 1
 

@@ -25,8 +25,9 @@ from seedkeeper.domain.record import slot_key
 from seedkeeper.services.rotation import Snapshots
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper_tools.infra import create_table, load_template
-from seedkeeper_tools.local.gateway import FunctionUrlGateway, LocalCredentials
+from seedkeeper_tools.local.gateway import FunctionUrlGateway
 from seedkeeper_tools.local.motoserver import AtomicMotoServer, make_moto_cheaper
+from seedkeeper_tools.local.principals import TASK_ROLE_ARN, LocalCredentials, TaskKeys
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.stack import LocalStack
 from slots import Slots
@@ -34,8 +35,13 @@ from slots import Slots
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
 
+# Every AWS call a function makes is authorized against the deployed policies (tests/iam).
+pytest_plugins = ["iam.plugin"]
+
 TABLE_NAME = "seedkeeper-test"
 FAKE_KEY = "testing"  # moto accepts any keys
+# The slot task role the events (events/*.json) name their task sessions of.
+EVENTS_TASK_ROLE_ARN = "arn:aws:iam::123456789012:role/seedkeeper-slot-task"
 R2_SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:seedkeeper/r2-AbCdEf"  # noqa: S105
 
 # No test asserts how long something takes, Hypothesis's 200 ms per example included: on a
@@ -135,6 +141,7 @@ class Stack:
             "SEEDKEEPER_R2_ENDPOINT": self.endpoint,
             "SEEDKEEPER_R2_ACCESS_KEY_ID": FAKE_KEY,
             "SEEDKEEPER_R2_SECRET_ACCESS_KEY": FAKE_KEY,
+            "SEEDKEEPER_TASK_ROLE_ARN": EVENTS_TASK_ROLE_ARN,
         }
 
 
@@ -176,17 +183,21 @@ def unreadable_r2_secret(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> list[
 
 
 @pytest.fixture
-def checkpoint_function(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The checkpoint function behind the local function-URL gateway, taking the keys slot
-    tasks are given (the task role's stand-in): the URL tasks are told to call."""
+def checkpoint_function(
+    stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """The checkpoint function behind the local function-URL gateway, taking the keys each
+    slot task is given on `tmp_path / "data"` (its session of the task role): the URL tasks
+    are told to call."""
     gateway = FunctionUrlGateway(
         "127.0.0.1",
         0,
         LocalCredentials("executor-" + secrets.token_hex(4), secrets.token_hex(16)),
-        task_credentials=LocalCredentials(FAKE_KEY, FAKE_KEY),
+        task_keys=TaskKeys(tmp_path / "data"),
         region="us-east-1",
     ).start()
     monkeypatch.setenv("SEEDKEEPER_CHECKPOINT_URL", gateway.url)
+    monkeypatch.setenv("SEEDKEEPER_TASK_ROLE_ARN", TASK_ROLE_ARN)
     yield gateway.url
     gateway.stop()
 

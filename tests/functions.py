@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from seedkeeper.domain.caller import task_id
 from seedkeeper_tools.infra import ROOT
 from seedkeeper_tools.local.gateway import Handler, load_handler
 
@@ -30,6 +31,32 @@ def event(name: str, **changes: Any) -> dict[str, Any]:
     if "body" in changes and not isinstance(changes["body"], str | None):
         changes["body"] = json.dumps(changes["body"])
     return loaded | changes
+
+
+# The slot task role the events name (conftest's EVENTS_TASK_ROLE_ARN, the functions' setting).
+EVENTS_ACCOUNT = "123456789012"
+EVENTS_TASK_ROLE = "seedkeeper-slot-task"
+
+
+def signed_by(request: dict[str, Any], user_arn: str) -> dict[str, Any]:
+    """`request` as a function URL delivers it when `user_arn` signed it."""
+    session = user_arn.rsplit("/", 1)[-1]
+    iam = request["requestContext"]["authorizer"]["iam"] | {
+        "userArn": user_arn,
+        "userId": f"AROAEXAMPLE:{session}",
+        "callerId": f"AROAEXAMPLE:{session}",
+    }
+    context = request["requestContext"] | {"authorizer": {"iam": iam}}
+    return request | {"requestContext": context}
+
+
+def as_task(request: dict[str, Any], incarnation: str) -> dict[str, Any]:
+    """`request` signed by the slot task `incarnation`: its session of the task role, named
+    after its task id, as ECS names it."""
+    session = (
+        f"arn:aws:sts::{EVENTS_ACCOUNT}:assumed-role/{EVENTS_TASK_ROLE}/{task_id(incarnation)}"
+    )
+    return signed_by(request, session)
 
 
 def invoke(handler: Handler, request: dict[str, Any]) -> tuple[int, Any]:

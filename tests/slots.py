@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import boto3
 import pytest
+from botocore.credentials import Credentials
 
 from functions import event, invoke, load_function
 from seedkeeper.adapters.r2 import backup_key
@@ -27,7 +28,10 @@ from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.domain.snapshots import Archive, NewSnapshot
 from seedkeeper_task.restore.download import parse_content_range
 from seedkeeper_task.sandbox import STATE_DIR
+from seedkeeper_task.settings import STOP_MARGIN, CheckpointSettings
 from seedkeeper_task.supervisor import CHECKOUT, MARKER
+from seedkeeper_task.task_api import TaskApi
+from seedkeeper_tools.local.principals import TaskKeys
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.publish import publish
 
@@ -107,6 +111,21 @@ class Slots:
         the runtime sees it stopped."""
         self.runtime.crash(incarnation)
         wait_for(lambda: self.runtime.status(incarnation) is TaskStatus.STOPPED, incarnation)
+
+
+def task_api(root: Path, slot: str, incarnation: str, stop: threading.Event) -> TaskApi:
+    """The API of the task `incarnation` of `slot`, as the task itself calls it: the checkpoint
+    function the environment names (the `checkpoint_function` fixture's), signed with the
+    keys the local runtime gives that task on `root / "data"`."""
+    keys = TaskKeys(root / "data").issue(incarnation)
+    return TaskApi(
+        os.environ["SEEDKEEPER_CHECKPOINT_URL"],
+        slot,
+        incarnation,
+        stop,
+        stop_budget=CheckpointSettings().stop_timeout - STOP_MARGIN,
+        credentials=Credentials(keys.access_key, keys.secret_key),
+    )
 
 
 def wait_for(condition: Callable[[], bool], what: str, seconds: float = 30) -> None:

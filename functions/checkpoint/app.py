@@ -1,5 +1,7 @@
-"""The checkpoint function, the slot task's own: its start (the URLs it restores from, for
-the attempt's task only) and the upload and record of its frozen checkout."""
+"""The checkpoint function, the slot task's API: its start (the URLs it restores from, for
+the attempt's task only), its record (read, and its own transitions: the task role holds no
+table grant), and the upload and record of its frozen checkout. Every route acts only for
+the task that signed the call (`caller()`)."""
 
 from __future__ import annotations
 
@@ -10,18 +12,40 @@ with handler_imports():  # no collection over what lives as long as the process
 
     from seedkeeper.api.answers import REQUEST_REFUSALS, answer, documented
     from seedkeeper.api.http import entrypoint, function_url_app
-    from seedkeeper.config import checkpoint_service_from_env, task_starts_from_env
+    from seedkeeper.config import (
+        caller_from_env,
+        checkpoint_service_from_env,
+        task_records_from_env,
+        task_starts_from_env,
+    )
+    from seedkeeper.domain.caller import Caller
     from seedkeeper.domain.outcomes import (
         CheckpointNotTaken,
         CheckpointRecorded,
         RestoreGrant,
         UploadGrant,
     )
-    from seedkeeper.services import task_start
+    from seedkeeper.services import task_records, task_start
     from seedkeeper.services.checkpoints import REFUSALS, Captured, NotTaken
+    from seedkeeper.services.task_records import (
+        AttemptCall,
+        Freeze,
+        Lose,
+        RecordRead,
+        SettleSeed,
+        TaskRecord,
+        TaskWrite,
+        Thaw,
+    )
     from seedkeeper.services.task_start import TaskStart
 
 app = function_url_app()
+TASK_REFUSALS = (*REQUEST_REFUSALS, *task_records.REFUSALS)
+
+
+def caller() -> Caller:
+    """The slot task role session that signed this call (none: anyone else)."""
+    return caller_from_env(app.current_event.request_context.authorizer.iam.user_arn)
 
 
 @app.post(
@@ -30,7 +54,49 @@ app = function_url_app()
 )
 def start(started: TaskStart) -> Response[str]:
     """The attempt's task, started: its incarnation recorded, its restore's URLs answered."""
-    return answer(task_starts_from_env().start(started))
+    return answer(task_starts_from_env().start(started, caller()))
+
+
+@app.post("/tasks/record", responses=documented([TaskRecord], TASK_REFUSALS))
+def record_read(call: RecordRead) -> Response[str]:
+    """The task's own record, as read now."""
+    return answer(task_records_from_env().read(call, caller()))
+
+
+@app.post("/tasks/settle", responses=documented([TaskWrite], TASK_REFUSALS))
+def settle(call: SettleSeed) -> Response[str]:
+    """The task's verdict on its attempt's restore: seeded, or seed_failed and why."""
+    return answer(task_records_from_env().settle_seed(call, caller()))
+
+
+@app.post("/tasks/freeze", responses=documented([TaskWrite], TASK_REFUSALS))
+def freeze(call: Freeze) -> Response[str]:
+    """Before the task stops its sandbox for the checkpoint: a poll says it may be frozen."""
+    return answer(task_records_from_env().freeze(call, caller()))
+
+
+@app.post("/tasks/thaw", responses=documented([TaskWrite], TASK_REFUSALS))
+def thaw(call: Thaw) -> Response[str]:
+    """After the task resumed its sandbox (a poll came back): the checkpoint abandoned."""
+    return answer(task_records_from_env().thaw(call, caller()))
+
+
+@app.post("/tasks/checkpoint-on-stop", responses=documented([TaskWrite], TASK_REFUSALS))
+def checkpoint_on_stop(call: AttemptCall) -> Response[str]:
+    """The platform is stopping the task: it asks itself for a checkpoint."""
+    return answer(task_records_from_env().checkpoint_on_stop(call, caller()))
+
+
+@app.post("/tasks/park-on-stop", responses=documented([TaskWrite], TASK_REFUSALS))
+def park_on_stop(call: AttemptCall) -> Response[str]:
+    """The stopping task's checkpoint is recorded and its sandbox frozen since: parked."""
+    return answer(task_records_from_env().park_on_stop(call, caller()))
+
+
+@app.post("/tasks/lose", responses=documented([TaskWrite], TASK_REFUSALS))
+def lose(call: Lose) -> Response[str]:
+    """The stopping task could not keep its slot's work: recorded lost, and why."""
+    return answer(task_records_from_env().lose(call, caller()))
 
 
 @app.post(
@@ -38,7 +104,7 @@ def start(started: TaskStart) -> Response[str]:
 )
 def upload(captured: Captured) -> Response[str]:
     """A presigned PUT for the op's checkpoint, carrying its length, MD5 and SHA-256."""
-    return answer(checkpoint_service_from_env().upload(captured))
+    return answer(checkpoint_service_from_env().upload(captured, caller()))
 
 
 @app.post(
@@ -47,7 +113,7 @@ def upload(captured: Captured) -> Response[str]:
 )
 def record(captured: Captured) -> Response[str]:
     """HEAD the object, compare it with what was captured, record it conditionally."""
-    return answer(checkpoint_service_from_env().record(captured))
+    return answer(checkpoint_service_from_env().record(captured, caller()))
 
 
 @app.post(
@@ -56,7 +122,7 @@ def record(captured: Captured) -> Response[str]:
 )
 def failed(not_taken: NotTaken) -> Response[str]:
     """No checkpoint this time: the slot is seeded again and asked again after a backoff."""
-    return answer(checkpoint_service_from_env().not_taken(not_taken))
+    return answer(checkpoint_service_from_env().not_taken(not_taken, caller()))
 
 
 lambda_handler = entrypoint(app)

@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from seedkeeper.adapters import aws
 from seedkeeper.adapters.clock import epoch_seconds
 from seedkeeper.adapters.r2 import R2, R2Settings, transfer_mode
+from seedkeeper.domain.caller import Caller, TaskRole
 from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.record import MAX_SWEEP_SHARDS, SWEEP_SHARDS
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from seedkeeper.services.rotation import Snapshots
     from seedkeeper.services.seed import SeedService, SeedSettings
     from seedkeeper.services.sweep import RetainedAlertSettings, Sweeper, SweepSettings
+    from seedkeeper.services.task_records import TaskRecords
     from seedkeeper.services.task_start import TaskStarts
     from seedkeeper.store.lifecycle import Lifecycle
 
@@ -63,6 +65,22 @@ class StoreSettings(BaseSettings):
         from seedkeeper.store.lifecycle import Lifecycle
 
         return Lifecycle(self.table_resource(), shards=self.sweep_shards)
+
+
+class TaskRoleSettings(BaseSettings):
+    """The slot task role, whose sessions alone may call the checkpoint function: each
+    acts for its own task only (`seedkeeper.domain.caller`). Required: no silent default."""
+
+    model_config = SettingsConfigDict(env_prefix="SEEDKEEPER_", extra="ignore", frozen=True)
+
+    task_role_arn: str = Field(
+        pattern=r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/[A-Za-z0-9_+=,.@/-]{1,512}$"
+    )
+
+
+def caller_from_env(user_arn: str | None) -> Caller:
+    """Who signed a checkpoint function call (its event's `authorizer.iam.userArn`)."""
+    return Caller(TaskRole(TaskRoleSettings().task_role_arn).session(user_arn))
 
 
 def r2_if_configured(settings: R2Settings, session: Session | None = None) -> R2 | None:
@@ -170,23 +188,48 @@ def checkpoint_service_from_env() -> CheckpointService:
 
 
 @cache
-def task_starts(store: StoreSettings, r2: R2Settings, session: Session) -> TaskStarts:
+def task_starts(
+    store: StoreSettings, r2: R2Settings, runtime: RuntimeSettings, session: Session
+) -> TaskStarts:
     from seedkeeper.services.task_start import TaskStarts
     from seedkeeper.store.lifecycle import Lifecycle
     from seedkeeper.store.snapshots import SnapshotStore
 
     table = store.table_resource(session)
+    # Asked only when the record names no task yet: built then.
+    launching = cache(partial(runtime_from, runtime))
     return TaskStarts(
         lifecycle=Lifecycle(table, shards=store.sweep_shards),
         snapshots=SnapshotStore(table),
         r2=r2_if_configured(r2, session),
+        launched_for=lambda incarnation: launching().launched_for(incarnation),
         presign_expiry=r2.presign_expiry,
         clock=epoch_seconds,
     )
 
 
 def task_starts_from_env() -> TaskStarts:
-    return task_starts(StoreSettings(), R2Settings(), aws.session())
+    from seedkeeper.adapters.runtime import RuntimeSettings
+
+    return task_starts(StoreSettings(), R2Settings(), RuntimeSettings(), aws.session())
+
+
+@cache
+def task_records(
+    store: StoreSettings, retention: RetentionSettings, session: Session
+) -> TaskRecords:
+    from seedkeeper.services.task_records import TaskRecords
+    from seedkeeper.store.lifecycle import Lifecycle
+
+    return TaskRecords(
+        lifecycle=Lifecycle(store.table_resource(session), shards=store.sweep_shards),
+        retention=retention,
+        clock=epoch_seconds,
+    )
+
+
+def task_records_from_env() -> TaskRecords:
+    return task_records(StoreSettings(), RetentionSettings(), aws.session())
 
 
 @cache

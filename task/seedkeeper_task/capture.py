@@ -1,10 +1,10 @@
 """Freeze the sandbox, capture the checkout as a squashfs, upload it (DESIGN §10, step 2-3).
 
 - `freeze` stops every process of the slot user, not only the sandbox's process group (a
-  process may leave it with setsid): a short-lived helper running AS the slot user sends
-  SIGSTOP to -1, which reaches every process that user may signal except the helper
-  itself; the supervisor is root and is spared. Then it waits until each of them is seen
-  stopped, and syncs. `thaw` sends SIGCONT the same way.
+  process may leave it with setsid): a short-lived helper running AS the slot user, in a
+  session of its own, sends SIGSTOP to -1, which reaches every process that user may
+  signal except the helper itself; the supervisor is root and is spared. Then it waits
+  until each of them is seen stopped, and syncs. `thaw` sends SIGCONT the same way.
 - `capture` runs mksquashfs as the slot user (least privilege on hostile data, like the
   restore's unsquashfs: a hard link to a root-only file cannot be read into a capture),
   with the checkout's `.git/config` left out and a credential-free rendering of it put in
@@ -220,7 +220,9 @@ def _kill_as(
     user: SlotUser, sent: signal.Signals, targets: list[str]
 ) -> subprocess.CompletedProcess[bytes]:
     """/bin/sh's builtin kill, run as the slot user: the supervisor's interpreter may not be
-    reachable by the slot user (a virtualenv under root's home)."""
+    reachable by the slot user (a virtualenv under root's home). In a session of its own:
+    kill(2) lets SIGCONT reach every process of the sender's session, whoever owns it, and
+    the supervisor's session is the local stack's (a terminal's), not the slot's."""
     script = f'kill -s {sent.name.removeprefix("SIG")} -- "$@"'
     return subprocess.run(
         ["/bin/sh", "-c", script, "kill", *targets],
@@ -230,6 +232,7 @@ def _kill_as(
         capture_output=True,
         timeout=_HELPER_TIMEOUT,
         check=False,
+        start_new_session=True,
         **user.subprocess_kwargs(),
     )
 

@@ -52,18 +52,21 @@ def call(
         raise Unreachable(type(reason).__name__) from None
 
 
-def post(url: str, body: Any, *, timeout: float) -> tuple[int, dict[str, Any]]:
-    """POST `body`, signed with this process's credentials (a slot task's: its task role):
-    the status and the JSON object answered ({} for anything else)."""
+def post(
+    url: str, body: Any, *, timeout: float, credentials: Credentials | None = None
+) -> tuple[int, dict[str, Any]]:
+    """POST `body`, signed with `credentials`, else this process's (a slot task's: its
+    session of the task role, read anew each time: they are refreshed): the status and the
+    JSON object answered ({} for anything else)."""
     session = aws.session()
-    credentials = session.get_credentials()
-    if credentials is None:
+    signing = credentials or session.get_credentials()
+    if signing is None:
         raise Unreachable("NoCredentials")
     status, payload = call(
         "POST",
         url,
         body,
-        credentials=credentials,
+        credentials=signing,
         region=session.region_name or "us-east-1",
         timeout=timeout,
     )

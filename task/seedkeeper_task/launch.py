@@ -3,11 +3,11 @@ archives downloading, before anything else is loaded.
 
 The task tells the checkpoint function its incarnation (`start`) and is answered the
 presigned GETs it restores from, with the size and sha256 the records name for each. The
-downloads begin at once (`Prefetch`), in the background: the supervisor's modules (boto3's
-DynamoDB resources, the stores, the capture), the table's client, and the reads that must
-precede the restore (the record, the workspace's marker, the snapshot records) all happen
-while the archives come. Nothing here needs them: this module imports only the settings,
-the plan and the grant, the download, and the signed call.
+downloads begin at once (`Prefetch`), in the background: the supervisor's modules (the
+restore, the capture) and the reads that must precede the restore (the record, the
+workspace's marker) all happen while the archives come. Nothing here needs them: this
+module imports only the settings, the plan and the grant, the download, and the signed
+call.
 
 The downloads write only into the state folder's `downloads` (root's; an earlier
 attempt's debris there is removed first, as the preflight would). A task that turns out
@@ -26,20 +26,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
+from seedkeeper.domain.caller import NOT_THIS_TASK
 from seedkeeper.domain.outcomes import GrantedArchive, RestoreGrant
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.observability import logger
 from seedkeeper_task import function_url
 from seedkeeper_task.restore.download import download
 from seedkeeper_task.sandbox import STATE_DIR, make_undumpable
-from seedkeeper_task.settings import CheckpointSettings, TaskSettings
+from seedkeeper_task.settings import STOP_MARGIN, CheckpointSettings, TaskSettings
+from seedkeeper_task.task_api import Refused, TaskApi
 
 ArchiveName = Literal["checkout", "deps", "resume"]
 ARCHIVES: tuple[ArchiveName, ...] = ("checkout", "deps", "resume")
-# The start's call: tried this many times, waiting 1, 2, 4... seconds between (a function
-# being deployed, a throttle); each call bounded.
-_START_TRIES = 5
-_START_TIMEOUT = 30.0
 
 
 class NotStarted(Exception):
@@ -47,41 +45,28 @@ class NotStarted(Exception):
     and the owner's next poll starts a new attempt (bounded)."""
 
 
-def start(plan: SlotPlan, incarnation: str | None, stop: threading.Event) -> RestoreGrant | None:
+def start(plan: SlotPlan, api: TaskApi) -> RestoreGrant | None:
     """Claim this attempt at the checkpoint function (it records this task as the
     attempt's incarnation if none is yet) and take what to restore from. None: this task
     is not the attempt's (another task of it came first, or the record moved on): it
     touches nothing. A seed rotated out since the launch is granted nothing: the restore
     then fails as `seed-missing`, recorded."""
-    url = CheckpointSettings().checkpoint_url
-    if url is None or incarnation is None:
-        raise NotStarted("no checkpoint function or no incarnation")
     body = {
         "slot": plan.slot,
         "attempt": plan.attempt,
-        "incarnation": incarnation,
+        "incarnation": api.incarnation,
         "op": {"ordinal": plan.op.ordinal, "generation": plan.op.generation},
     }
-    for attempt in range(_START_TRIES):
-        if attempt and stop.wait(2 ** (attempt - 1)):
-            break
-        try:
-            status, answer = function_url.post(
-                url.rstrip("/") + "/tasks/start", body, timeout=_START_TIMEOUT
-            )
-        except function_url.Unreachable as unreachable:
-            logger.warning("start unanswered", why=str(unreachable))
-            continue
-        if status == 200:
-            return RestoreGrant.model_validate(answer)
-        reason = answer.get("error")
-        if reason == "no-match":
+    try:
+        return RestoreGrant.model_validate(api.post("/tasks/start", body))
+    except Refused as refused:
+        if refused.reason == NOT_THIS_TASK:
             return None
-        if reason == "seed-missing":
+        if refused.reason == "seed-missing":
             return RestoreGrant(expires_in=0)  # nothing granted: recorded as seed-missing
-        logger.warning("start refused", status=status, reason=str(reason)[:64])
-        if status < 500:
-            break
+        logger.warning("start refused", reason=refused.reason)
+    except function_url.Unreachable as unreachable:
+        logger.warning("start unanswered", why=str(unreachable))
     raise NotStarted("the checkpoint function did not answer the start")
 
 
@@ -164,10 +149,22 @@ def main() -> int:
         signal.signal(stopping, lambda *_: stop.set())
     plan = SlotPlan.from_env(os.environ.pop(PLAN_VARIABLE))
     settings = TaskSettings()
+    checkpointing = CheckpointSettings()
     incarnation = settings.own_incarnation()
     logger.append_keys(slot=plan.slot, attempt=plan.attempt, incarnation=incarnation)
+    if checkpointing.checkpoint_url is None or incarnation is None:
+        logger.error("task not started", why="no checkpoint function or no incarnation")
+        return 1
+    # The task's one way to its record, its archives and R2: its own signed calls.
+    api = TaskApi(
+        checkpointing.checkpoint_url,
+        plan.slot,
+        incarnation,
+        stop,
+        stop_budget=checkpointing.stop_timeout - STOP_MARGIN,
+    )
     try:
-        grant = start(plan, incarnation, stop)
+        grant = start(plan, api)
     except NotStarted as unanswered:
         logger.error("task not started", why=str(unanswered))
         return 1
@@ -179,6 +176,6 @@ def main() -> int:
     try:
         from seedkeeper_task import supervisor  # noqa: PLC0415 - loaded while the archives come
 
-        return supervisor.run(plan, settings, prefetch, stop)
+        return supervisor.run(plan, settings, api, prefetch, stop)
     finally:
         prefetch.close()

@@ -5,12 +5,13 @@ First of all the task starts (`launch.start`): it tells the checkpoint function 
 incarnation, which the record then names for this attempt, and is answered the presigned
 URLs it restores from with the size and sha256 recorded for each; a task that is not the
 attempt's is refused and touches nothing. The downloads begin then (`launch.Prefetch`),
-before this module is even loaded.
+before this module is even loaded. The task reaches its record only through the checkpoint
+function too (`task_api.TaskApi`): its role holds no table grant.
 
 DESIGN §6, step by step: re-read the record and the workspace marker (refusing before
 anything is removed when either says the workspace belongs to someone); sweep an earlier
-attempt's debris; require the records to name what was granted; take each archive once
-downloaded and verified; extract it so its target appears last (the checkout while the
+attempt's debris; take each archive once downloaded and verified against what the records
+named when it was granted; extract it so its target appears last (the checkout while the
 deps archive may still be coming); give the index the extracted files' stat data and fix
 up git with argv lists; write the marker; settle the operation and the record,
 conditional on this attempt. Any failure stops and joins the downloads, removes the half
@@ -38,9 +39,6 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from seedkeeper.adapters import aws
-from seedkeeper.config import StoreSettings
-from seedkeeper.domain import transitions
 from seedkeeper.domain.gitref import is_valid_branch_name
 from seedkeeper.domain.models import Model, Origin, OwnerClaim, SeedIdentity
 from seedkeeper.domain.outcomes import RestoreGrant
@@ -52,13 +50,8 @@ from seedkeeper.domain.record import (
     SeedSucceeded,
     SlotRecord,
     State,
-    Supported,
 )
-from seedkeeper.domain.snapshots import Archive
-from seedkeeper.domain.transitions import Acknowledged
 from seedkeeper.observability import logger
-from seedkeeper.store.lifecycle import Conflict, Lifecycle, Written
-from seedkeeper.store.snapshots import SnapshotStore
 from seedkeeper_task.launch import ArchiveName, Prefetch
 from seedkeeper_task.restore.download import DownloadFailed
 from seedkeeper_task.restore.extract import (
@@ -79,12 +72,13 @@ from seedkeeper_task.sandbox import (
     start,
 )
 from seedkeeper_task.settings import CheckpointSettings, TaskSettings
+from seedkeeper_task.task_api import TaskApi
 from seedkeeper_task.watch import Watcher, WatchSettings
 
 CHECKOUT = "checkout"
 HOME = "home"  # the sandbox's HOME, the slot user's, emptied before each run
 MARKER = "seed.json"
-_SETTLE_ROUNDS = 8
+_SETTLE_ROUNDS = 2  # calls: the function re-decides on a moved record itself
 
 Verdict = Literal["seeded", "failed", "superseded"]
 
@@ -115,8 +109,7 @@ class SlotTask:
         self,
         plan: SlotPlan,
         settings: TaskSettings,
-        lifecycle: Lifecycle,
-        snapshots: SnapshotStore,
+        api: TaskApi,
         stop: threading.Event,
         *,
         prefetch: Prefetch | None = None,
@@ -125,8 +118,7 @@ class SlotTask:
         was granted)."""
         self.plan = plan
         self.settings = settings
-        self.lifecycle = lifecycle
-        self.snapshots = snapshots
+        self.api = api
         self.stop = stop
         self.workspace = settings.workspace
         self.checkout = self.workspace / CHECKOUT
@@ -143,7 +135,7 @@ class SlotTask:
                 user=settings.slot_user(),
                 checkpointing=CheckpointSettings(),
             ),
-            lifecycle,
+            api,
             stop,
         )
 
@@ -196,10 +188,9 @@ class SlotTask:
         """Refuse before anything is removed unless this attempt is the live one and the
         workspace holds nothing bound to anyone; then sweep an earlier attempt's debris.
         The record as read: a resume verifies its checkpoint against it."""
-        classified = self.lifecycle.read(self.plan.slot)
-        if not isinstance(classified, Supported):
-            raise Superseded("no supported record")
-        record = classified.record
+        record = self.api.read()
+        if record is None:
+            raise Superseded("the record names another task")
         if record.attempt != self.plan.attempt or record.state is not State.SEEDING:
             raise Superseded("the record moved on")
         if record.resuming and self.grant.resume is None:
@@ -220,15 +211,15 @@ class SlotTask:
         extracts as soon as it is verified, and git is fixed up in it; meanwhile the deps
         archive, once verified, extracts beside it (staged in the workspace), and is placed
         inside it once the fix-up is done. Then the whole checkout's links are checked."""
-        checkout, deps = self._recorded_archives(seed)
-        if self.grant.checkout is None or (deps is not None and self.grant.deps is None):
+        with_deps = seed.deps_backup_id is not None
+        if self.grant.checkout is None or (with_deps and self.grant.deps is None):
             raise StepFailed("download", "seed-missing", "no archive was granted")
         with self._step("download"):
-            archive = self._downloaded("checkout", checkout)
+            archive = self._downloaded("checkout")
         created.append(self.checkout)
         fixed: Future[None] = Future()  # the checkout in place and fixed up
         with ThreadPoolExecutor(1, thread_name_prefix="deps") as beside:
-            deps_placed = beside.submit(self._extract_deps, deps, fixed) if deps else None
+            deps_placed = beside.submit(self._extract_deps, fixed) if with_deps else None
             try:
                 with self._step("extract"):
                     self._extract(archive, self.checkout)
@@ -265,7 +256,10 @@ class SlotTask:
         record ties to this owner, verified by its size and sha256."""
         assert self.grant.resume is not None  # the preflight refused a resume without one
         with self._step("download"):
-            archive = self._downloaded("resume", checkpoint)
+            granted = self.grant.resume
+            if (granted.size, granted.sha256) != (checkpoint.size, checkpoint.sha256):
+                raise StepFailed("download", "seed-failed", "the resume granted is not as recorded")
+            archive = self._downloaded("resume")
         with self._step("extract"):
             created.append(self.checkout)
             self._extract(archive, self.checkout, checkpoint=True)
@@ -276,19 +270,9 @@ class SlotTask:
             self._write_marker(seed, head)
         return ref or seed.ref, head
 
-    def _recorded_archives(self, seed: SeedIdentity) -> tuple[Archive, Archive | None]:
-        """What to verify against, read from the snapshot records themselves."""
-        archives = self.snapshots.read(seed.resource).archives_for(seed)
-        if archives is None:
-            raise StepFailed("download", "seed-missing", "no recorded generation names the seed")
-        return archives
-
-    def _downloaded(self, name: ArchiveName, recorded: Archive | Checkpoint) -> Path:
-        """The granted archive `name` once downloaded and verified; the grant must name
-        the bytes recorded (its size and sha256 came from the checkpoint function)."""
-        granted = getattr(self.grant, name)
-        if (granted.size, granted.sha256) != (recorded.size, recorded.sha256):
-            raise StepFailed("download", "seed-failed", f"the {name} granted is not as recorded")
+    def _downloaded(self, name: ArchiveName) -> Path:
+        """The granted archive `name` once downloaded and verified against the size and
+        sha256 the checkpoint function granted it with (the records', as it read them)."""
         try:
             return self.prefetch.result(name)
         except DownloadFailed as failed:
@@ -321,9 +305,7 @@ class SlotTask:
         except (ExtractFailed, FileExistsError) as failed:
             raise StepFailed("extract", "seed-failed", str(failed)) from failed
 
-    def _extract_deps(
-        self, deps: Archive, checkout_fixed: Future[None]
-    ) -> dict[PurePosixPath, str]:
+    def _extract_deps(self, checkout_fixed: Future[None]) -> dict[PurePosixPath, str]:
         """The deps archive, once verified, staged in the workspace and checked while the
         checkout extracts and git is fixed up; placed at the deps path after that."""
         target = self.checkout / self.plan.deps_path
@@ -332,7 +314,7 @@ class SlotTask:
             checkout_fixed.result()
             self._make_folders_above(target)
 
-        return self._extract(self._downloaded("deps", deps), target, place)
+        return self._extract(self._downloaded("deps"), target, place)
 
     def _make_folders_above(self, target: Path) -> None:
         """The folders a nested deps path lands in, the slot user's like the rest of the
@@ -447,28 +429,16 @@ class SlotTask:
         self.steps[name] = int((time.monotonic() - started) * 1000)
 
     def _settle(self, result: SeedSucceeded | SeedFailed) -> Verdict:
-        """Settle this attempt's restore with its verdict, re-deciding when a poll touched
-        the record in between; superseded when the record moved on."""
+        """Settle this attempt's restore with its verdict (the function re-decides when a
+        poll touched the record in between); superseded when the record moved on."""
         for _ in range(_SETTLE_ROUNDS):
-            classified = self.lifecycle.read(self.plan.slot)
-            if not isinstance(classified, Supported):
-                return "superseded"
-            outcome = self.lifecycle.write(
-                transitions.SETTLE_SEED,
-                classified.record,
-                transitions.Verdict(
-                    attempt=self.plan.attempt,
-                    restore=self.plan.op,
-                    result=result,
-                    now=int(time.time()),
-                ),
-            )
-            if isinstance(outcome, Written | Acknowledged):
-                state = outcome.record.state
+            written = self.api.settle_seed(self.plan.attempt, self.plan.op, result)
+            if written.done and written.record is not None:
+                state = written.record.state
                 logger.info("restore settled", state=state)
                 return "seeded" if state is State.SEEDED else "failed"
-            if not isinstance(outcome, Conflict):
-                logger.warning("restore not settled", why=outcome.reason)
+            if written.outcome != "conflict":
+                logger.warning("restore not settled", why=written.reason)
                 return "superseded"
         return "superseded"
 
@@ -543,18 +513,15 @@ def _branch(head: str) -> str | None:
     return name if valid else None
 
 
-def task_store() -> tuple[Lifecycle, SnapshotStore]:
-    """The slot task's view of the table, with a stopping task's patience (its budget in
-    seedkeeper.adapters.aws fits a settle into the task's StopTimeout)."""
-    store = StoreSettings()
-    table = store.table_resource(budget=aws.SLOT_TASK_DYNAMODB)
-    # Its writes put the record on its shard as the functions' do: never on one no sweep reads.
-    return Lifecycle(table, shards=store.sweep_shards), SnapshotStore(table)
-
-
-def run(plan: SlotPlan, settings: TaskSettings, prefetch: Prefetch, stop: threading.Event) -> int:
+def run(
+    plan: SlotPlan,
+    settings: TaskSettings,
+    api: TaskApi,
+    prefetch: Prefetch,
+    stop: threading.Event,
+) -> int:
     """The task once started (launch.main): restore, then run the sandbox."""
-    task = SlotTask(plan, settings, *task_store(), stop, prefetch=prefetch)
+    task = SlotTask(plan, settings, api, stop, prefetch=prefetch)
     user = settings.slot_user()
     if user is not None:
         # The slot user is this slot's alone: nothing an earlier attempt's sandbox left may

@@ -2,8 +2,9 @@
 (DESIGN §10, steps 2, 3 and 5).
 
 Every watch interval (30 s unless set, jittered so a fleet's reads spread) the supervisor
-reads its record, eventually consistent (half a read unit; a stale answer only delays it by
-one interval, and every write it then makes is conditional on a consistent read). When the
+reads its record through the checkpoint function, its API (`task_api.TaskApi`): eventually
+consistent (half a read unit; a stale answer only delays it by one interval, and every write
+the function then makes for it is conditional on a consistent read). When the
 sweep has asked for a checkpoint (`checkpointing`, an open `checkpoint` op of this attempt):
 
 1. it records that the sandbox may be frozen (`FREEZE`: a poll says so from then on),
@@ -40,13 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from seedkeeper.domain import transitions
-from seedkeeper.domain.checkpoints import MAX_CHECKPOINT_BYTES, RetentionSettings, retry_after
+from seedkeeper.domain.caller import NOT_THIS_TASK
+from seedkeeper.domain.checkpoints import MAX_CHECKPOINT_BYTES, retry_after
 from seedkeeper.domain.opwindow import Actor, Operation, OpKind
-from seedkeeper.domain.record import Loss, SlotRecord, State, Supported
-from seedkeeper.domain.refused import Refused
+from seedkeeper.domain.record import SlotRecord, State
+from seedkeeper.domain.task_api import TaskWrite
 from seedkeeper.observability import logger
-from seedkeeper.store.lifecycle import Lifecycle, Outcome, Written
 from seedkeeper_task import function_url
 from seedkeeper_task.capture import (
     Captured,
@@ -60,9 +60,9 @@ from seedkeeper_task.capture import (
 )
 from seedkeeper_task.settings import STOP_MARGIN, CheckpointSettings
 from seedkeeper_task.slot_user import SlotUser
+from seedkeeper_task.task_api import Refused, TaskApi
 
 _CAPTURE = "checkpoint.sqsh"
-_CALL_TIMEOUT = 30.0
 _BACKOFF = 2.0  # seconds before the second try of an upload; doubled for each further one
 # The states a stopping task checkpoints from; any other is left as it is (closing: the
 # sweep's own stop, for a park or a retirement; ended; a seed with no verdict yet).
@@ -91,11 +91,9 @@ class Abandoned(Exception):
 
 
 class Watcher:
-    def __init__(
-        self, settings: WatchSettings, lifecycle: Lifecycle, stop: threading.Event
-    ) -> None:
+    def __init__(self, settings: WatchSettings, api: TaskApi, stop: threading.Event) -> None:
         self.settings = settings
-        self.lifecycle = lifecycle
+        self.api = api
         self.stop = stop
         self.frozen = False
         self.sandbox_group: int | None = None  # the sandbox's process group, once it runs
@@ -103,8 +101,6 @@ class Watcher:
         self._not_before = 0.0
         # Why the checkpoint under way when the stop came was not made: the stop's loss.
         self._failed_on_stop: _NotMade | None = None
-        self._stop_lock = threading.Lock()
-        self._stop_deadline: float | None = None
 
     def interval(self) -> float:
         """Seconds to the next look: jittered by ±20 %, shorter while a poll may wait."""
@@ -158,11 +154,7 @@ class Watcher:
 
     def _mark_frozen(self, record: SlotRecord, op: Operation) -> bool:
         """Record that the sandbox may be frozen (`FREEZE`), before anything is stopped."""
-        freezing = transitions.Freezing(attempt=self.settings.attempt, op=op.ref, now=_now())
-        marked = self.lifecycle.apply(
-            self.settings.slot, transitions.FREEZE, freezing, as_read=record
-        )
-        if not isinstance(marked, Written | transitions.Acknowledged):
+        if not self.api.freeze(self.settings.attempt, op.ref).done:
             return False
         self.frozen = True
         return True
@@ -188,7 +180,7 @@ class Watcher:
                 except (FreezeFailed, CaptureFailed, _NotUploaded) as failed:
                     if not self.stop.is_set() and cancel.is_set():
                         raise Abandoned("touched") from None  # a poll came back meanwhile
-                    if self.stop.is_set() and time.monotonic() >= self._stop_budget_end():
+                    if self.stop.is_set() and time.monotonic() >= self.api.stop_budget_end():
                         budget = settings.checkpointing.stop_timeout - STOP_MARGIN
                         detail = f"not done in the stop's {budget:g} s ({failed.reason})"
                         raise _NotMade(STOP_TIMEOUT, detail) from None
@@ -208,9 +200,8 @@ class Watcher:
         left as it is. Otherwise park it on a checkpoint captured while frozen: the one
         already recorded, else a new one (`CHECKPOINT_ON_STOP`, or the sweep's open
         request), all within the stop budget; when that fails, `LOSE` with the reason."""
-        self._stop_budget_end()  # the budget runs from the stop, not from the end of a look
-        classified = self.lifecycle.read(self.settings.slot)
-        record = classified.record if isinstance(classified, Supported) else None
+        self.api.stop_budget_end()  # the budget runs from the stop, not from the end of a look
+        record = self.api.read()
         if (
             record is None
             or record.attempt != self.settings.attempt
@@ -219,32 +210,28 @@ class Watcher:
         ):
             logger.info("stopped: left", state=record.state.value if record else None)
             return "left"
-        incarnation = record.incarnation
         failed = self._failed_on_stop
-        if failed is None and self.frozen and self._park(incarnation, record):
+        if failed is None and self.frozen and self._park():
             return "parked"  # its checkpoint was recorded while frozen, as it still is
         if failed is None:
             try:
-                self._checkpoint_on_stop(record)
+                self._checkpoint_on_stop()
             except _NotMade as not_made:
                 failed = not_made
         if failed is None:
-            if self._park(incarnation, None):
+            if self._park():
                 return "parked"
             failed = _NotMade("park-refused", "the checkpoint was recorded, the park refused")
-        return self._lose(incarnation, failed)
+        return self._lose(failed)
 
-    def _checkpoint_on_stop(self, record: SlotRecord) -> None:
+    def _checkpoint_on_stop(self) -> None:
         """Checkpoint the slot for the stop: the open request (the sweep's, or this task's
         own on an earlier try) or a new one; freeze, capture, upload, record. Raises
         _NotMade."""
         if not self.settings.checkpointing.checkpoint_url:
             raise _NotMade("checkpoint-unconfigured", "no checkpoint function is configured")
-        stopping = self._stopping(record.incarnation)
-        asked = self.lifecycle.apply(
-            self.settings.slot, transitions.CHECKPOINT_ON_STOP, stopping, as_read=record
-        )
-        if not isinstance(asked, Written | transitions.Acknowledged) or asked.entry is None:
+        asked = self.api.checkpoint_on_stop(self.settings.attempt)
+        if not asked.done or asked.record is None or asked.entry is None:
             raise _NotMade("checkpoint-refused", _why(asked))
         if not self._mark_frozen(asked.record, asked.entry):
             raise _NotMade("checkpoint-refused", "the record moved on before the freeze")
@@ -253,55 +240,29 @@ class Watcher:
         except Abandoned as abandoned:
             raise _NotMade("checkpoint-abandoned", str(abandoned)) from None
 
-    def _park(self, incarnation: str, record: SlotRecord | None) -> bool:
+    def _park(self) -> bool:
         """`PARK_ON_STOP`: the checkpoint counts and was captured frozen, as the sandbox
         still is."""
-        outcome = self.lifecycle.apply(
-            self.settings.slot,
-            transitions.PARK_ON_STOP,
-            self._stopping(incarnation),
-            as_read=record,
-        )
-        if isinstance(outcome, Written | transitions.Acknowledged):
+        outcome = self.api.park_on_stop(self.settings.attempt)
+        if outcome.done and outcome.record is not None:
             logger.info("stopped: parked", expires_at=outcome.record.expires_at)
             return True
         logger.info("park on stop refused", why=_why(outcome))
         return False
 
-    def _lose(self, incarnation: str, failed: _NotMade) -> StopEnding:
+    def _lose(self, failed: _NotMade) -> StopEnding:
         """The work goes with the task: the record says so, and why, for as long as a
-        park would have kept it."""
-        now = _now()
+        park would have kept it (the function's retention)."""
         if failed.reason == STOP_TIMEOUT:
             reason, detail = STOP_TIMEOUT, failed.detail
         else:  # the loss's detail names the failure
             reason, detail = LOST_ON_STOP, ": ".join(filter(None, (failed.reason, failed.detail)))
-        lost = transitions.Lost(
-            incarnation=incarnation,
-            loss=Loss(reason=reason, detail=detail[:512], at=now),
-            expires_at=now + RetentionSettings().park_retention,
-        )
-        outcome = self.lifecycle.apply(self.settings.slot, transitions.LOSE, lost)
-        if isinstance(outcome, Written | transitions.Acknowledged):
+        outcome = self.api.lose(reason, detail)
+        if outcome.done:
             logger.warning("stopped: lost", reason=reason, detail=detail[:300])
             return "lost"
         logger.warning("stopped: loss unrecorded", reason=reason, why=_why(outcome))
         return "unrecorded"
-
-    def _stopping(self, incarnation: str | None) -> transitions.Stopping:
-        assert incarnation is not None  # `stopping` acts only on a record that names one
-        return transitions.Stopping(
-            attempt=self.settings.attempt, incarnation=incarnation, now=_now()
-        )
-
-    def _stop_budget_end(self) -> float:
-        """When the stop's checkpoint must be done by (monotonic): the stop budget from the
-        moment the stop was first seen (both watch loops look several times a second)."""
-        with self._stop_lock:
-            if self._stop_deadline is None:
-                budget = self.settings.checkpointing.stop_timeout - STOP_MARGIN
-                self._stop_deadline = time.monotonic() + budget
-            return self._stop_deadline
 
     # -- the checkpoint function --------------------------------------------------------
 
@@ -310,7 +271,7 @@ class Watcher:
     ) -> dict[str, Any]:
         body = {
             "slot": self.settings.slot,
-            "incarnation": record.incarnation,
+            "incarnation": self.api.incarnation,
             "op": {"ordinal": op.ordinal, "generation": op.generation},
             "size": captured.size,
             "sha256": captured.sha256,
@@ -340,8 +301,8 @@ class Watcher:
                 return self._call("/checkpoints/record", body)
             except UploadFailed as failed:
                 reason = failed.reason if failed.reason.startswith("http-") else "upload-failed"
-            except _Refused as refused:
-                if refused.reason in {"checkpoint-not-open", "no-match"}:
+            except Refused as refused:
+                if refused.reason in {"checkpoint-not-open", NOT_THIS_TASK}:
                     recorded = self._recorded(op)
                     if recorded is not None:
                         return recorded
@@ -361,40 +322,31 @@ class Watcher:
         self._resume()
         body = {
             "slot": self.settings.slot,
-            "incarnation": record.incarnation,
+            "incarnation": self.api.incarnation,
             "op": {"ordinal": op.ordinal, "generation": op.generation},
             "reason": _token(reason),
             "detail": detail,
         }
         try:
             self._call("/checkpoints/failed", body)
-        except (_Refused, function_url.Unreachable) as unrecorded:
+        except (Refused, function_url.Unreachable) as unrecorded:
             logger.warning("checkpoint failure not recorded", why=str(unrecorded))
             self._not_before = time.monotonic() + retry_after(1)
         logger.warning("checkpoint failed", reason=reason)
         return "failed"
 
     def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        url = self.settings.checkpointing.checkpoint_url
-        assert url is not None  # `checkpoint` starts nothing without one
-        timeout = _CALL_TIMEOUT
-        if self.stop.is_set():  # a call may not outlast the stop's budget by much
-            timeout = max(1.0, min(timeout, self._stop_budget_end() - time.monotonic()))
-        status, answer = function_url.post(url.rstrip("/") + path, body, timeout=timeout)
-        if status >= 300:
-            reason = answer.get("error") or answer.get("message") or f"http-{status}"
-            raise _Refused(str(reason)[:64])
-        return answer
+        """One try: the checkpoint's own loop tries again, watching for a poll meanwhile."""
+        return self.api.post(path, body, tries=1)
 
     # -- the record ------------------------------------------------------------------------
 
     def _peek(self, *, consistent: bool = False) -> SlotRecord | None:
         try:
-            classified = self.lifecycle.read(self.settings.slot, consistent=consistent)
-        except Exception:  # a store that does not answer: look again next time
+            return self.api.read(consistent=consistent)
+        except (Refused, function_url.Unreachable, ValueError):  # look again next time
             logger.warning("record not read")
             return None
-        return classified.record if isinstance(classified, Supported) else None
 
     def _recorded(self, op: Operation) -> dict[str, Any] | None:
         """The answer a recorded checkpoint of `op` would have had, read from the record
@@ -427,11 +379,11 @@ class Watcher:
         the sandbox runs while it is stopped)."""
         if not self._resume():
             return
-        thawed = transitions.Thawed(
-            attempt=self.settings.attempt, op=op.ref if op else None, now=_now()
-        )
-        outcome = self.lifecycle.apply(self.settings.slot, transitions.THAWED, thawed)
-        logger.info("sandbox resumed", recorded=isinstance(outcome, Written))
+        try:
+            recorded = self.api.thaw(self.settings.attempt, op.ref if op else None).done
+        except (Refused, function_url.Unreachable):
+            recorded = False  # the next look sees the record still frozen and says so again
+        logger.info("sandbox resumed", recorded=recorded)
 
     @contextmanager
     def _watching(self) -> Iterator[threading.Event]:
@@ -445,7 +397,7 @@ class Watcher:
             next_look = time.monotonic() + self.settings.checkpointing.frozen_watch_interval
             while not done.wait(0.1):
                 if self.stop.is_set():
-                    if time.monotonic() >= self._stop_budget_end():
+                    if time.monotonic() >= self.api.stop_budget_end():
                         cancel.set()
                         return
                     continue
@@ -467,12 +419,6 @@ class Watcher:
             watcher.join()
 
 
-class _Refused(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
 class _NotUploaded(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -490,9 +436,9 @@ class _NotMade(Exception):
         self.detail = detail
 
 
-def _why(outcome: Outcome) -> str:
+def _why(outcome: TaskWrite) -> str:
     """A write's refusal as a log or a loss says it: the reason token, or the conflict."""
-    return outcome.reason if isinstance(outcome, Refused) else "the record kept moving"
+    return outcome.reason or "the record kept moving"
 
 
 def _token(reason: str) -> str:
@@ -514,7 +460,3 @@ def _open_checkpoint(record: SlotRecord) -> Operation | None:
         ),
         None,
     )
-
-
-def _now() -> int:
-    return int(time.time())

@@ -16,10 +16,12 @@ import boto3
 import pytest
 
 from conftest import running_local_stack
+from cross_slot import assert_a_task_cannot_act_for_another, seed_two
 from executor import ORIGIN, claim_for, client_for, publish
 from repos import git, make_repository
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
+from seedkeeper.domain.caller import task_id
 from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.outcomes import Cold, NotSeeded, Seeded, Seeding
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
@@ -31,6 +33,7 @@ from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper.store.sweep_index import SweepIndex
 from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.local.docker import DockerRuntime
+from seedkeeper_tools.local.principals import TaskKeys
 from seedkeeper_tools.local.stack import LocalStack
 from slots import TamperingProxy, wait_for
 
@@ -114,7 +117,12 @@ def test_a_seed_runs_end_to_end_in_the_slot_container(
     assert details["HostConfig"]["Init"] is True
     assert details["Config"]["StopTimeout"] == 120  # the task definition's
     environment = environment_of(name)
-    assert environment["SEEDKEEPER_TABLE"] == stack.name
+    assert "SEEDKEEPER_TABLE" not in environment  # the task's record is its API's to read
+    # Keys of its own (its session of the task role), never the store's.
+    assert (
+        environment["AWS_ACCESS_KEY_ID"] == f"seedkeeper-task-{task_id(seeded.incarnation or '')}"
+    )
+    assert environment["AWS_ACCESS_KEY_ID"] != stack.store_credentials.access_key
     assert environment["AWS_EXECUTION_ENV"] == "AWS_ECS_FARGATE"
     assert not {"SEEDKEEPER_R2_ACCESS_KEY_ID", "SEEDKEEPER_R2_SECRET_ACCESS_KEY"} & set(environment)
     # The supervisor is root under the init process; the checkout is the slot user's.
@@ -183,6 +191,16 @@ def hijack(key, secret):
     return "written"
 attempt("other_record_own_credentials", lambda: hijack(None, None))
 attempt("other_record_guessed_keys", lambda: hijack("testing", "testing"))
+def unsigned(path):
+    # The task's API (the checkpoint function) on the gateway, which the sandbox can reach.
+    import urllib.error, urllib.request
+    request = urllib.request.Request(sys.argv[4] + path, data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        return urllib.request.urlopen(request, timeout=10).status
+    except urllib.error.HTTPError as refused:
+        return refused.code
+attempt("task_api_unsigned", lambda: unsigned("/tasks/record"))
 with open("probe.json.tmp", "w") as out:
     json.dump(found, out)
 os.rename("probe.json.tmp", "probe.json")
@@ -197,7 +215,9 @@ def test_the_sandbox_in_the_container_finds_no_secret_and_writes_no_other_record
     assert isinstance(client.seed("other", None, wait=True), Cold)
     other = record_of(stack, "other")
     endpoint = os.environ["SEEDKEEPER_DYNAMODB_ENDPOINT"]
-    command = [IMAGE_PYTHON, "-c", PROBE, stack.name, endpoint, json.dumps(slot_key("other"))]
+    command = [
+        IMAGE_PYTHON, "-c", PROBE, stack.name, endpoint, json.dumps(slot_key("other")), stack.url
+    ]  # fmt: skip
     monkeypatch.setenv("SEEDKEEPER_SANDBOX_COMMAND", json.dumps(command))
     seed = publish(client, make_repository(tmp_path), tmp_path / "scratch")
     seeded = client.seed("slot-1", seed, claim=claim_for(seed), origin=ORIGIN, wait=True)
@@ -213,12 +233,16 @@ def test_the_sandbox_in_the_container_finds_no_secret_and_writes_no_other_record
 
     assert (found["uid"], found["gid"], found["groups"]) == (1000, 1000, [])
     assert set(found["environment"]) <= {"PATH", "HOME", "LANG", "LC_ALL", "TERM", "TZ"}
+    task_keys = TaskKeys(stack.data_dir).issue(seeded.incarnation or "")  # its task's own
     secrets = [
         stack.store_credentials.access_key,
         stack.store_credentials.secret_key,
+        task_keys.access_key,
+        task_keys.secret_key,
         "SEEDKEEPER_PLAN",
         "X-Amz-Signature",
         "AWS_SECRET_ACCESS_KEY",
+        "AWS_CONTAINER_CREDENTIALS",
     ]
     seen = json.dumps(found)
     assert not [secret for secret in secrets if secret in seen]
@@ -231,6 +255,7 @@ def test_the_sandbox_in_the_container_finds_no_secret_and_writes_no_other_record
     assert found["docker_socket"] is False
     assert found["other_record_own_credentials"] == "NoCredentialsError"
     assert found["other_record_guessed_keys"] == "ClientError"
+    assert found["task_api_unsigned"] == 403  # its task's keys are the only way in
     assert record_of(stack, "other") == other
 
 
@@ -396,3 +421,25 @@ def test_a_stack_without_the_slot_image_says_so_at_start(
     ):
         pass
     assert docker("ps", "--all", "--quiet", "--filter", "ancestor=seedkeeper-none:absent") == ""
+
+
+@pytest.fixture
+def idle_stack(
+    tmp_path: Path, aws_credentials: None, slot_image: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[LocalStack]:
+    """The Docker runtime with a short idle window, its tasks looking at their records
+    rarely (a checkpoint request stays open while another task acts)."""
+    monkeypatch.setenv("SEEDKEEPER_SANDBOX_COMMAND", json.dumps(["sleep", "600"]))
+    with running_local_stack(
+        tmp_path, task_runtime="docker", slot_image=slot_image, idle_window=2, watch_interval=600
+    ) as local:
+        yield local
+
+
+def test_a_slot_container_cannot_act_for_another_slot(
+    idle_stack: LocalStack, tmp_path: Path
+) -> None:
+    """tests/cross_slot.py with each task a container of the slot image."""
+    client = client_for(idle_stack)
+    seed = publish(client, make_repository(tmp_path), tmp_path / "scratch")
+    assert_a_task_cannot_act_for_another(idle_stack, seed_two(idle_stack, client, seed))

@@ -21,7 +21,7 @@ from executor import client_for
 from seedkeeper.domain.outcomes import Cold
 from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper_task.sandbox import user_processes
-from seedkeeper_tools.local.gateway import LocalCredentials
+from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.stack import LocalStack
 from slots import one_grace_for_all, running, signals_sent

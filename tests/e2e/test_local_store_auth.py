@@ -30,6 +30,7 @@ from builders import stored_in
 from seedkeeper.adapters.r2 import R2, R2Settings, backup_key
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain.record import State, slot_key
+from seedkeeper.errors import R2Unconfigured
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper_task.capture import upload
 from seedkeeper_tools.local.motoserver import MAX_BODY
@@ -304,3 +305,62 @@ def test_a_presigned_put_larger_than_a_signed_body_is_spooled_and_stored(
     facts = store.r2.head(key)
     assert facts is not None
     assert (facts.size, facts.etag) == (len(content), md5)
+
+
+def test_the_read_only_r2_token_reads_objects_and_nothing_else(
+    stack: LocalStack, store: Store
+) -> None:
+    """As R2 takes an Object Read token: a GET or HEAD of an object, signed or presigned;
+    never a write, a delete, the bucket's configuration, a listing, nor DynamoDB."""
+    before = store.contents()
+    reader = stack.r2_read_credentials
+    url = f"{store.endpoint}/{store.bucket}/{ARCHIVE}"
+
+    def as_reader(method: str, target: str, body: bytes = b"") -> dict[str, str]:
+        return signed(
+            method,
+            target,
+            body,
+            {},
+            key=reader.access_key,
+            secret=reader.secret_key,
+            service="s3",
+            region=R2_REGION,
+        )
+
+    assert send(url, "GET", as_reader("GET", url)).body == ARCHIVE_BODY
+    assert send(url, "HEAD", as_reader("HEAD", url)).status == 200
+    forged = b"planted archive"
+    assert send(url, "PUT", as_reader("PUT", url, forged), forged).status == 403
+    assert send(url, "DELETE", as_reader("DELETE", url)).status == 403
+    listing = f"{store.endpoint}/{store.bucket}?list-type=2"
+    assert send(listing, "GET", as_reader("GET", listing)).status == 403
+    rules = f"{store.endpoint}/{store.bucket}?lifecycle"
+    assert send(rules, "GET", as_reader("GET", rules)).status == 403
+    body, headers = unseed_the_victim(store)
+    dynamodb = headers | signed(
+        "POST",
+        store.endpoint + "/",
+        body,
+        headers,
+        key=reader.access_key,
+        secret=reader.secret_key,
+        service="dynamodb",
+        region=REGION,
+    )
+    assert send(store.endpoint + "/", "POST", dynamodb, body).status == 403
+    # What the functions presign with it: a GET works, a PUT never (R2 would refuse it).
+    read_only = R2.from_settings(
+        R2Settings(
+            bucket=store.bucket,
+            endpoint=store.endpoint,
+            read_access_key_id=reader.access_key,
+            read_secret_access_key=reader.secret_key,
+            access_key_id=None,  # the read-only token alone, as a reader function is given
+            secret_access_key=None,
+        )
+    )
+    assert send(read_only.presign_get(ARCHIVE, 60), "GET", {}).body == ARCHIVE_BODY
+    with pytest.raises(R2Unconfigured):
+        read_only.presign_put(ARCHIVE, 60, size=1, sha256="0" * 64, md5="0" * 32)
+    assert store.contents() == before

@@ -177,6 +177,37 @@ def test_freeze_stops_every_process_of_the_slot_user_and_thaw_resumes_them(
         sandbox.wait()
 
 
+@root_only
+def test_thaw_resumes_nothing_in_the_supervisors_session_that_is_not_the_slot_users(
+    slot: SlotUser,
+) -> None:
+    """kill(2) lets SIGCONT reach any process in the sender's session, whoever owns it: a
+    helper in the supervisor's session (the local stack's, a terminal's) would resume what
+    was stopped there (a job suspended with Ctrl-Z, another slot's supervisor stopped for a
+    debugger). The helper signals from a session of its own."""
+    sandbox = subprocess.Popen(
+        ["sleep", "600"], cwd="/", start_new_session=True, **slot.subprocess_kwargs()
+    )
+    suspended = subprocess.Popen(["sleep", "600"])  # root's, in this test's session
+    try:
+        wait_for(lambda: processes_of(slot.uid) == [sandbox.pid])
+        os.kill(suspended.pid, signal.SIGSTOP)
+        wait_for(lambda: process_state(suspended.pid) == "T")
+        assert os.getsid(suspended.pid) == os.getsid(0)
+
+        freeze(slot, sandbox.pid)
+        thaw(slot, sandbox.pid)
+
+        wait_for(lambda: process_state(sandbox.pid) != "T")
+        time.sleep(0.2)  # a SIGCONT would have landed by now
+        assert process_state(suspended.pid) == "T"
+    finally:
+        suspended.kill()
+        suspended.wait()
+        end_user_processes(slot.uid)
+        sandbox.wait()
+
+
 # A process that spawns through vfork (dash runs commands so; posix_spawn does) waits in
 # uninterruptible sleep until its child execs. Here the child opens a FIFO before its exec
 # (a posix_spawn file action), which blocks until a reader comes: the freeze stops the

@@ -26,7 +26,7 @@ import pytest
 
 from builders import EXPIRED, NOW, ORIGIN, owner, seed, stored_in
 from conftest import Stack
-from functions import event, invoke, load_function
+from functions import as_task, event, invoke, load_function
 from seedkeeper import config
 from seedkeeper.adapters.r2 import ObjectFacts
 from seedkeeper.domain import transitions
@@ -78,9 +78,13 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 # -- helpers -----------------------------------------------------------------------------
 
 
-def call(route: str, body: Any) -> tuple[int, Any]:
-    """POST /checkpoints/<route> with `body`, through events/checkpoint-<route>.json."""
-    return invoke(checkpoint_function, event(f"checkpoint-{route}", body=body))
+def call(route: str, body: Any, signer: str | None = None) -> tuple[int, Any]:
+    """POST /checkpoints/<route> with `body`, through events/checkpoint-<route>.json, signed
+    by the task it names (or by the task `signer`)."""
+    request = event(f"checkpoint-{route}", body=body)
+    named = body.get("incarnation") if isinstance(body, dict) else None
+    incarnation = signer or (named if isinstance(named, str) else EVENT_INCARNATION)
+    return invoke(checkpoint_function, as_task(request, incarnation))
 
 
 def raw_item(stack: Stack, slot: str = SLOT) -> dict[str, Any] | None:
@@ -184,7 +188,7 @@ def refusal(reason: str, detail: str | None = None) -> dict[str, Any]:
     return {"error": reason, "detail": detail, "fields": []}
 
 
-NO_MATCH = refusal("no-match")
+NOT_THIS_TASK = refusal("not-this-task")
 NOT_OPEN = refusal("checkpoint-not-open", "no such open checkpoint")
 
 
@@ -333,14 +337,16 @@ def forged(record: SlotRecord, kind: str) -> dict[str, Any]:
         "an open launch op": body | {"op": op | {"ordinal": 3}},
         "no such op": body | {"op": op | {"ordinal": 9}},
         "another generation": body | {"op": op | {"generation": 2}},
+        "signed by another slot's task": body,
     }[kind]
 
 
 FORGERIES = [
-    ("another incarnation", 404, NO_MATCH),
-    ("a well-formed stranger's incarnation", 404, NO_MATCH),
-    ("another slot", 404, NO_MATCH),
-    ("an absent slot", 404, NO_MATCH),
+    ("another incarnation", 403, NOT_THIS_TASK),
+    ("a well-formed stranger's incarnation", 403, NOT_THIS_TASK),
+    ("another slot", 403, NOT_THIS_TASK),
+    ("an absent slot", 403, NOT_THIS_TASK),
+    ("signed by another slot's task", 403, NOT_THIS_TASK),
     ("the settled restore op", 409, NOT_OPEN),
     ("an open launch op", 409, NOT_OPEN),
     ("no such op", 409, NOT_OPEN),
@@ -357,7 +363,8 @@ def test_a_forged_call_is_refused_and_writes_nothing(
     if route == "failed":
         body = {k: v for k, v in body.items() if k not in {"size", "sha256", "md5"}}
         body |= {"reason": "capture-failed"}
-    assert call(route, body) == (status, answer)
+    signer = f"local:{OTHER_SLOT}:1" if kind == "signed by another slot's task" else None
+    assert call(route, body, signer) == (status, answer)
     assert {slot: raw_item(forgery.stack, slot) for slot in forgery.items} == forgery.items
 
 

@@ -27,12 +27,12 @@ DOCUMENTED = [
     ("receipt-wrong-owner", "receipt", 404),
     ("slot-evidence", "slot_evidence", 200),
     ("slot-evidence-wrong-claim", "slot_evidence", 404),
-    # The slot task's calls; the events' incarnation is an ECS task, not this one (the
-    # seed-new slot's task is recorded already).
-    ("task-start", "checkpoint", 404),
-    ("checkpoint-upload", "checkpoint", 404),
-    ("checkpoint-record", "checkpoint", 404),
-    ("checkpoint-failed", "checkpoint", 404),
+    # The slot task's calls, signed by the ECS task the events name: not this slot's task
+    # (the seed-new slot's task is recorded already).
+    ("task-start", "checkpoint", 403),
+    ("checkpoint-upload", "checkpoint", 403),
+    ("checkpoint-record", "checkpoint", 403),
+    ("checkpoint-failed", "checkpoint", 403),
     ("rotation-delete", "rotation", 200),
 ]
 

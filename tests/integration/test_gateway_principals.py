@@ -1,7 +1,9 @@
-"""The local gateway takes two principals, as a deployment does: the slot task role may
-invoke only the checkpoint function (template.yaml's SlotTaskRole), and the executor every
-other function but that one. A request signed by the other principal is refused exactly as
-a bad signature is, and the event names the principal that signed.
+"""The local gateway takes two kinds of principal, as a deployment does: the slot tasks, each
+with keys of its own (its session of the task role), may invoke only the checkpoint function
+(template.yaml's SlotTaskRole), and the executor every other function but that one. A
+request signed by the other principal is refused exactly as a bad signature is, and the
+event names the principal that signed: a task by its own session, as Lambda names an ECS
+task's.
 
 The gateway here serves stub handlers (what each route reached, and whom the event named),
 so these tests hold the gateway's routing and authentication to account, not the functions.
@@ -13,6 +15,7 @@ import http.client
 import json
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,19 +23,15 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from seedkeeper.domain.caller import task_id
 from seedkeeper_tools.local import gateway as gateway_module
-from seedkeeper_tools.local.gateway import (
-    ROUTES,
-    TASK_ROLE_ARN,
-    FunctionUrlGateway,
-    Handler,
-    LocalCredentials,
-)
+from seedkeeper_tools.local.gateway import ROUTES, FunctionUrlGateway, Handler
+from seedkeeper_tools.local.principals import LocalCredentials, TaskKeys, task_session_arn
 
 REGION = "us-east-1"
 EXECUTOR = LocalCredentials("executor-key", secrets.token_hex(16))
-TASK = LocalCredentials("store-key", secrets.token_hex(16))
 STRANGER = LocalCredentials("stranger-key", secrets.token_hex(16))
+INCARNATION = "local:slot-1:1"
 EXECUTOR_ROUTES = [
     ("POST", "/seed"),
     ("POST", "/keepalive"),
@@ -65,14 +64,25 @@ def stub(name: str) -> Handler:
     return handler
 
 
-def serve(monkeypatch: pytest.MonkeyPatch, task: LocalCredentials | None) -> FunctionUrlGateway:
+def serve(monkeypatch: pytest.MonkeyPatch, task_keys: TaskKeys | None) -> FunctionUrlGateway:
     monkeypatch.setattr(gateway_module, "load_handler", stub)
-    return FunctionUrlGateway("127.0.0.1", 0, EXECUTOR, task_credentials=task, region=REGION)
+    return FunctionUrlGateway("127.0.0.1", 0, EXECUTOR, task_keys=task_keys, region=REGION)
 
 
 @pytest.fixture
-def gateway(monkeypatch: pytest.MonkeyPatch) -> Iterator[FunctionUrlGateway]:
-    served = serve(monkeypatch, TASK).start()
+def keys(tmp_path: Path) -> TaskKeys:
+    return TaskKeys(tmp_path / "data")
+
+
+@pytest.fixture
+def task(keys: TaskKeys) -> LocalCredentials:
+    """The keys a local runtime gave the task `INCARNATION`."""
+    return keys.issue(INCARNATION)
+
+
+@pytest.fixture
+def gateway(monkeypatch: pytest.MonkeyPatch, keys: TaskKeys) -> Iterator[FunctionUrlGateway]:
+    served = serve(monkeypatch, keys).start()
     try:
         yield served
     finally:
@@ -103,16 +113,38 @@ def test_the_checkpoint_function_has_a_route() -> None:
 
 
 @pytest.mark.parametrize(("method", "path"), TASK_ROUTES)
-def test_the_task_role_reaches_the_checkpoint_function_and_is_named_in_the_event(
-    gateway: FunctionUrlGateway, method: str, path: str
+def test_a_task_reaches_the_checkpoint_function_and_is_named_in_the_event_by_its_session(
+    gateway: FunctionUrlGateway, task: LocalCredentials, method: str, path: str
 ) -> None:
-    status, body = send(gateway, method, path, TASK)
+    status, body = send(gateway, method, path, task)
     assert status == 200, body
     answer = json.loads(body)
     assert (answer["function"], answer["path"]) == ("checkpoint", path)
-    assert answer["iam"]["accessKey"] == TASK.access_key
-    assert answer["iam"]["userArn"] == TASK_ROLE_ARN
+    assert answer["iam"]["accessKey"] == task.access_key
+    assert answer["iam"]["userArn"] == task_session_arn(task_id(INCARNATION))
+    assert answer["iam"]["userId"] == f"AROALOCALSLOTTASK:{task_id(INCARNATION)}"
     assert answer["iam"]["accountId"] == "000000000000"
+
+
+def test_each_task_signs_as_its_own_session_and_a_revoked_one_as_nobody(
+    gateway: FunctionUrlGateway, keys: TaskKeys
+) -> None:
+    """Two tasks, two sessions: the checkpoint function tells them apart. A stopped task's
+    keys are revoked, as its session's credentials stop being served."""
+    first, second = keys.issue("local:slot-1:1"), keys.issue("local:slot-2:1")
+    named = {
+        json.loads(send(gateway, "POST", "/tasks/start", credentials)[1])["iam"]["userArn"]
+        for credentials in (first, second)
+    }
+    assert named == {task_session_arn(task_id(f"local:slot-{n}:1")) for n in (1, 2)}
+    keys.revoke("local:slot-1:1")
+    assert send(gateway, "POST", "/tasks/start", first) == send(
+        gateway, "POST", "/tasks/start", STRANGER
+    )
+    assert send(gateway, "POST", "/tasks/start", first)[0] == 403
+    # Its keys are its own: the same access key with another secret is a bad signature.
+    forged = LocalCredentials(second.access_key, secrets.token_urlsafe(32))
+    assert send(gateway, "POST", "/tasks/start", forged)[0] == 403
 
 
 @pytest.mark.parametrize(("method", "path"), EXECUTOR_ROUTES)
@@ -124,14 +156,14 @@ def test_the_executor_reaches_every_other_function_and_is_named_in_the_event(
     answer = json.loads(body)
     assert answer["function"] != "checkpoint"
     assert answer["iam"]["accessKey"] == EXECUTOR.access_key
-    assert answer["iam"]["userArn"] != TASK_ROLE_ARN
+    assert ":assumed-role/" not in answer["iam"]["userArn"]
 
 
 @pytest.mark.parametrize(("method", "path"), EXECUTOR_ROUTES)
 def test_the_task_role_is_refused_everywhere_else_as_a_bad_signature(
-    gateway: FunctionUrlGateway, method: str, path: str
+    gateway: FunctionUrlGateway, task: LocalCredentials, method: str, path: str
 ) -> None:
-    refused = send(gateway, method, path, TASK)
+    refused = send(gateway, method, path, task)
     assert refused == send(gateway, method, path, STRANGER)
     assert refused == (403, json.dumps({"message": "Forbidden"}).encode())
 
@@ -146,21 +178,21 @@ def test_the_executor_is_refused_on_the_checkpoint_function_as_a_bad_signature(
 
 
 def test_a_path_no_function_serves_is_found_missing_only_by_the_executor(
-    gateway: FunctionUrlGateway,
+    gateway: FunctionUrlGateway, task: LocalCredentials
 ) -> None:
     assert send(gateway, "GET", "/nowhere", EXECUTOR)[0] == 404
-    assert send(gateway, "GET", "/nowhere", TASK)[0] == 403
+    assert send(gateway, "GET", "/nowhere", task)[0] == 403
     # A prefix of a route is not the route.
-    assert send(gateway, "POST", "/checkpointsx", TASK)[0] == 403
-    assert send(gateway, "POST", "/tasksx/start", TASK)[0] == 403
+    assert send(gateway, "POST", "/checkpointsx", task)[0] == 403
+    assert send(gateway, "POST", "/tasksx/start", task)[0] == 403
 
 
-def test_without_task_credentials_no_one_may_call_the_checkpoint_function(
-    monkeypatch: pytest.MonkeyPatch,
+def test_without_task_keys_no_one_may_call_the_checkpoint_function(
+    monkeypatch: pytest.MonkeyPatch, task: LocalCredentials
 ) -> None:
     served = serve(monkeypatch, None).start()
     try:
-        for credentials in (EXECUTOR, TASK):
+        for credentials in (EXECUTOR, task):
             assert send(served, "POST", "/checkpoints/upload", credentials)[0] == 403
         assert send(served, "POST", "/seed", EXECUTOR)[0] == 200
     finally:

@@ -30,7 +30,8 @@ from seedkeeper.observability import logger
 from seedkeeper.services.sweep import Report
 from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.local import stack as stack_module
-from seedkeeper_tools.local.gateway import REQUEST_TIMEOUT, LocalCredentials
+from seedkeeper_tools.local.gateway import REQUEST_TIMEOUT
+from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.stack import REGION, LocalStack, LocalStackRefused
 
 SEEDKEEPER = str(Path(sys.executable).with_name("seedkeeper"))

@@ -28,6 +28,7 @@ from conftest import Stack
 from repos import git
 from seedkeeper.config import task_starts_from_env
 from seedkeeper.domain import transitions
+from seedkeeper.domain.caller import Caller, task_id
 from seedkeeper.domain.checkpoints import RetentionSettings, checkpoint_key, new_checkpoint
 from seedkeeper.domain.opwindow import OpKind, OpStatus
 from seedkeeper.domain.outcomes import RestoreGrant
@@ -102,7 +103,8 @@ def granted(plan: SlotPlan, incarnation: str) -> RestoreGrant:
             attempt=plan.attempt,
             incarnation=incarnation,
             op=StartedOp(ordinal=plan.op.ordinal, generation=plan.op.generation),
-        )
+        ),
+        Caller(task_id(incarnation)),  # signed by that task
     )
     assert isinstance(answer, RestoreGrant), answer
     return answer

@@ -34,12 +34,11 @@ from seedkeeper.domain.outcomes import Seeded
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import SeedFailed, SeedSucceeded, SlotRecord, State, Supported
 from seedkeeper.store.lifecycle import Lifecycle, Outcome, Written
-from seedkeeper.store.snapshots import SnapshotStore
 from seedkeeper_task.restore.repository import RepositoryFormat, render_config, safe_config
 from seedkeeper_task.settings import TaskSettings
 from seedkeeper_task.supervisor import CHECKOUT, SlotTask
 from seedkeeper_tools.local.runtime import LocalRuntime
-from slots import Slots, squashfs_of, wait_for
+from slots import Slots, squashfs_of, task_api, wait_for
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("mksquashfs") is None,
@@ -351,9 +350,13 @@ def test_a_resume_granted_no_checkpoint_is_refused_before_anything(
     resumed = changed(lifecycle.apply(parked.slot, transitions.RESUME, poll))
     assert resumed.entry is not None
     plan = SlotPlan.of(resumed.record, resumed.entry.ref)
-    table = slots.stack.store.table_resource()
+    incarnation = f"local:{parked.slot}:{plan.attempt}"
+    launched = transitions.Launched(incarnation=incarnation, launch=plan.op, now=now)
+    recorded = lifecycle.apply(parked.slot, transitions.RECORD_INCARNATION, launched)
+    assert isinstance(recorded, Written), recorded
     settings = TaskSettings(workspace=tmp_path / "workspace")
-    task = SlotTask(plan, settings, Lifecycle(table), SnapshotStore(table), threading.Event())
+    stop = threading.Event()
+    task = SlotTask(plan, settings, task_api(tmp_path, parked.slot, incarnation, stop), stop)
 
     assert task.restore() == "failed"
 

@@ -25,11 +25,13 @@ from conftest import SLOT_UIDS_FROM_HERE
 from fargate import fargate_cluster
 from seedkeeper.adapters.runtime import DESCRIBE_BATCH, EcsRuntime, RuntimeSettings, started_by
 from seedkeeper.api.answers import REFUSALS, refusal_of
+from seedkeeper.domain.caller import task_id
 from seedkeeper.domain.opwindow import Actor, OpRef
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
 from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper_tools.local.docker import slot_container
+from seedkeeper_tools.local.principals import LocalCredentials, TaskKeys
 from seedkeeper_tools.local.runtime import LOCAL_TASK_ENVIRONMENT, LocalRuntime
 
 if TYPE_CHECKING:
@@ -224,6 +226,7 @@ def test_a_task_gone_with_no_reaper_to_say_how_is_stopped_its_workspace_gone(
     launcher = f"""
 import sys
 from pathlib import Path
+from seedkeeper.domain.caller import task_id
 from seedkeeper.domain.opwindow import Actor, OpRef
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper_tools.local.runtime import LocalRuntime
@@ -289,7 +292,8 @@ def test_a_local_task_gets_what_an_ecs_task_gets_and_no_r2_key(
     }
     for name, value in hostile.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("SEEDKEEPER_TABLE", "the-table")
+    monkeypatch.setenv("SEEDKEEPER_TABLE", "the-table")  # the functions', never a task's
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "store-key")  # the store's, never a task's
     # Where the task checkpoints (the gateway's checkpoint route) and how often it looks.
     monkeypatch.setenv("SEEDKEEPER_CHECKPOINT_URL", "http://127.0.0.1:8787")
     monkeypatch.setenv("SEEDKEEPER_WATCH_INTERVAL", "2")
@@ -304,13 +308,22 @@ def test_a_local_task_gets_what_an_ecs_task_gets_and_no_r2_key(
     incarnation = local.launch(plan())
 
     given = task_environment(incarnation, local)
+    # Keys of its own, its session of the task role (good at the checkpoint function alone),
+    # revoked once it stopped.
+    keys = TaskKeys(tmp_path / "data")
+    assert keys.find(given["AWS_ACCESS_KEY_ID"]) == (
+        LocalCredentials(given["AWS_ACCESS_KEY_ID"], given["AWS_SECRET_ACCESS_KEY"]),
+        task_id(incarnation),
+    )
     local.stop(incarnation)
-    assert given["SEEDKEEPER_TABLE"] == "the-table"
+    assert keys.find(given["AWS_ACCESS_KEY_ID"]) is None
+    assert "SEEDKEEPER_TABLE" not in given
     assert given["SEEDKEEPER_CHECKPOINT_URL"] == "http://127.0.0.1:8787"
     assert given["SEEDKEEPER_WATCH_INTERVAL"] == "2"
     assert given["TASK_HOOK"] == hostile["TASK_HOOK"]
     assert not set(given) & (set(hostile) - {"TASK_HOOK"}), given
     added = {PLAN_VARIABLE, "SEEDKEEPER_WORKSPACE", "SEEDKEEPER_INCARNATION", "TASK_HOOK"}
+    added |= {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
     if os.geteuid() == 0:
         added |= {"SEEDKEEPER_SLOT_UID", "SEEDKEEPER_SLOT_GID"}
         own = str(local.slot_uid("slot-1"))
@@ -441,6 +454,32 @@ def test_started_by_is_the_slot_when_it_fits() -> None:
     assert started_by("slot-1") == "slot-1"
     assert started_by("a" * 37) != "a" * 37
     assert started_by("a" * 37) == started_by("a" * 37)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="slot users are given by a root runtime only")
+def test_two_stacks_on_one_machine_never_give_two_slots_one_uid(tmp_path: Path) -> None:
+    """Each data directory counts its slot users from the same base: two stacks on one
+    machine would give their first slots one uid, and one stack's freeze or stop (every
+    process of that uid) would reach the other's sandbox. A uid is the machine's, claimed
+    once: each stack's slots get uids no other stack holds, a restarted stack its own."""
+    first, second = (
+        LocalRuntime(
+            tmp_path / name,
+            command=(sys.executable, "-c", FAKE_TASK),
+            slot_uids_from=SLOT_UIDS_FROM_HERE + 400,
+        )
+        for name in ("first", "second")
+    )
+    launched = [(runtime, runtime.launch(plan())) for runtime in (first, second)]
+    try:
+        uids = [runtime.slot_uid("slot-1") for runtime in (first, second)]
+        assert None not in uids
+        assert uids[0] != uids[1]
+        again = LocalRuntime(tmp_path / "first", slot_uids_from=SLOT_UIDS_FROM_HERE + 400)
+        assert again.slot_uid("slot-1") == uids[0]
+    finally:
+        for runtime, incarnation in launched:
+            runtime.stop(incarnation)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="slot users are given by a root runtime only")

@@ -42,12 +42,13 @@ from schemathesis.specs.openapi.checks import (
 
 from builders import ORIGIN, owner, seed, stored_in
 from conftest import Stack
-from functions import Context, event
+from functions import Context, as_task, event
 from seedkeeper import config
 from seedkeeper.adapters.runtime import RuntimeSettings, SlotRuntime
+from seedkeeper.domain.opwindow import OpKind
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import State
-from seedkeeper.domain.runtime import RUNNING, TaskState, TaskStatus
+from seedkeeper.domain.runtime import RUNNING, Launch, TaskState, TaskStatus
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper_task.capture import upload
 from seedkeeper_tools.infra import FUNCTIONS
@@ -69,7 +70,16 @@ ROUTES = [
     ("checkpoint", "/checkpoints/record", "POST"),
     ("checkpoint", "/checkpoints/failed", "POST"),
     ("checkpoint", "/tasks/start", "POST"),
+    ("checkpoint", "/tasks/record", "POST"),
+    ("checkpoint", "/tasks/settle", "POST"),
+    ("checkpoint", "/tasks/freeze", "POST"),
+    ("checkpoint", "/tasks/thaw", "POST"),
+    ("checkpoint", "/tasks/checkpoint-on-stop", "POST"),
+    ("checkpoint", "/tasks/park-on-stop", "POST"),
+    ("checkpoint", "/tasks/lose", "POST"),
 ]
+# The slot task's record routes (the checkpoint function, its API): each the task's own.
+TASK_RECORD_ROUTES = [path for function, path, _ in ROUTES if path.startswith("/tasks/")][1:]
 
 # The answer is declared for its route: its status, its content type, its body.
 CONFORMANCE = [status_code_conformance, content_type_conformance, response_schema_conformance]
@@ -109,6 +119,9 @@ class NoLaunches:
 
     def statuses(self, incarnations: Sequence[str]) -> dict[str, TaskState]:
         return dict.fromkeys(incarnations, RUNNING)
+
+    def launched_for(self, incarnation: str) -> Launch | None:
+        return None  # it launched nothing
 
     def stop(self, incarnation: str) -> None:
         return None
@@ -161,7 +174,11 @@ def answered(function: str, case: Case[Any]) -> Response:
     response the function URL makes of the handler's answer."""
     request = prepared(case)
     started = time.monotonic()
-    answer = MODULES[function].lambda_handler(function_url_event(request), Context())
+    sent = function_url_event(request)
+    if function == "checkpoint":  # signed by the task the body names, as a task signs
+        named = case.body.get("incarnation") if isinstance(case.body, dict) else None
+        sent = as_task(sent, named if isinstance(named, str) else "local:fuzz:1")
+    answer = MODULES[function].lambda_handler(sent, Context())
     status = int(answer["statusCode"])
     return Response(
         status_code=status,
@@ -222,7 +239,29 @@ NOT_BROUGHT_ABOUT = {
     ("rotation", "GET", NAMED, 503),
     ("rotation", "DELETE", NAMED, 409),
     ("checkpoint", "POST", "/checkpoints/failed", 503),  # it needs no R2: a throttled store
+    *(("checkpoint", "POST", path, 503) for path in TASK_RECORD_ROUTES),  # the same
 }
+
+
+def task_record_requests(lifecycle: Lifecycle, incarnation: str) -> dict[str, dict[str, Any]]:
+    """A request of each record route, by the task `incarnation` of a slot it names."""
+    record = stored_in(lifecycle, "task-own", State.CHECKPOINTING, incarnation)
+    (restore,) = [e for e in record.window.entries if e.kind is OpKind.RESTORE]
+    (checkpoint,) = [e for e in record.window.entries if e.kind is OpKind.CHECKPOINT]
+    own = {"slot": record.slot, "incarnation": incarnation}
+    attempt = own | {"attempt": record.attempt}
+    op = {"ordinal": checkpoint.ordinal, "generation": checkpoint.generation}
+    failed = {"outcome": "failed", "reason": "seed-failed", "step": "extract", "detail": ""}
+    return {
+        "/tasks/record": own | {"consistent": True},
+        "/tasks/settle": attempt
+        | {"restore": {"ordinal": restore.ordinal, "generation": 1}, "result": failed},
+        "/tasks/freeze": attempt | {"op": op},
+        "/tasks/thaw": attempt | {"op": op},
+        "/tasks/checkpoint-on-stop": attempt,
+        "/tasks/park-on-stop": attempt,
+        "/tasks/lose": own | {"reason": "task-stopped", "detail": "a test"},
+    }
 
 
 def body_of(name: str) -> Any:
@@ -318,7 +357,7 @@ def test_every_real_answer_conforms_to_the_generated_document(
     send("checkpoint", "POST", "/checkpoints/failed", 409, body=not_taken)
     for path, request in zip(routes, (captured, captured, not_taken), strict=True):
         stranger = request | {"incarnation": incarnation.replace("0123", "9999")}
-        send("checkpoint", "POST", path, 404, body=stranger)
+        send("checkpoint", "POST", path, 403, body=stranger)
         send("checkpoint", "POST", path, 400, body=request | {"op": {"ordinal": 0}})
         send("checkpoint", "POST", path, 415, **not_json)
     # A slot task's start: a cold slot's task (no URL), another task, a seed no generation
@@ -327,12 +366,20 @@ def test_every_real_answer_conforms_to_the_generated_document(
     stored_in(lifecycle, "starting-1", State.UNSEEDED, started["incarnation"])
     send("checkpoint", "POST", "/tasks/start", 200, body=started)
     another_task = started | {"incarnation": incarnation.replace("0123", "9999")}
-    send("checkpoint", "POST", "/tasks/start", 404, body=another_task)
+    send("checkpoint", "POST", "/tasks/start", 403, body=another_task)
     unrecorded = started | {"slot": "starting-2"}
     stored_in(lifecycle, "starting-2", State.SEEDING, started["incarnation"])
     send("checkpoint", "POST", "/tasks/start", 409, body=unrecorded)
     send("checkpoint", "POST", "/tasks/start", 400, body=started | {"attempt": 0})
     send("checkpoint", "POST", "/tasks/start", 415, **not_json)
+    # The task's record, read and written through its API, for itself alone.
+    tasks = task_record_requests(lifecycle, incarnation)
+    for path, request in tasks.items():
+        send("checkpoint", "POST", path, 200, body=request)
+        stranger = request | {"incarnation": incarnation.replace("0123", "9999")}
+        send("checkpoint", "POST", path, 403, body=stranger)
+        send("checkpoint", "POST", path, 400, body=request | {"slot": "../x"})
+        send("checkpoint", "POST", path, 415, **not_json)
     unconfigured = captured | {"slot": "checkpointing-3"}
     stored_in(lifecycle, "checkpointing-3", State.CHECKPOINTING, incarnation)
     monkeypatch.delenv("SEEDKEEPER_R2_BUCKET")
@@ -363,6 +410,8 @@ def test_every_real_answer_conforms_to_the_generated_document(
     for path, request in zip(routes, (captured, captured, not_taken), strict=True):
         send("checkpoint", "POST", path, 500, body=request)
     send("checkpoint", "POST", "/tasks/start", 500, body=started)
+    for path, request in tasks.items():
+        send("checkpoint", "POST", path, 500, body=request)
 
     declared = {
         (function, method.upper(), path, int(status))

@@ -13,6 +13,7 @@ from typing import Any
 import boto3
 import pytest
 
+from builders import NOW
 from conftest import Stack
 from functions import event, invoke
 from repos import git, tree
@@ -24,8 +25,8 @@ from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import SeedFailed, State, Supported
 from seedkeeper.domain.refused import Refused
 from seedkeeper.domain.runtime import TaskStatus
-from seedkeeper.domain.snapshots import Archive, NewSnapshot
-from seedkeeper.store.lifecycle import Lifecycle, Written
+from seedkeeper.domain.snapshots import NewSnapshot
+from seedkeeper.store.lifecycle import Written
 from seedkeeper.store.snapshots import SnapshotStore
 from seedkeeper_task.launch import Prefetch
 from seedkeeper_task.sandbox import STATE_DIR
@@ -40,6 +41,7 @@ from slots import (
     record_archive,
     seed_function,
     squashfs_of,
+    task_api,
     verdict,
     wait_for,
 )
@@ -461,14 +463,16 @@ def test_an_archives_own_git_hooks_and_fsmonitor_never_run_in_the_slot_task(
 
 
 def test_a_seed_rotated_out_after_its_birth_settles_seed_missing_in_the_task(
-    stack: Stack, tmp_path: Path
+    stack: Stack, checkpoint_function: str, tmp_path: Path
 ) -> None:
-    """The task verifies against the snapshot records, not the plan: a seed no record names
-    any more (rotated out between the birth and the task's read) is never fetched."""
+    """The checkpoint function grants what the snapshot records name when the task starts,
+    not what the plan says: a seed no record names any more (rotated out between the birth
+    and the start) is granted nothing, and the task settles `seed-missing` with no tree."""
     seed = SeedIdentity(
         resource="widgets", ref="main", sha="a" * 40, checkout_backup_id="gone-checkout"
     )
-    assert_the_task_settles_seed_missing_unfetched(stack, seed, tmp_path)
+    failed = settled_in_process(stack, seed, RestoreGrant(expires_in=0), tmp_path)
+    assert (failed.reason, failed.step) == ("seed-missing", "download")
 
 
 @pytest.mark.parametrize("ref", ["m\u0430in", "ma\u200bin", "develop"])
@@ -482,39 +486,11 @@ def test_a_seed_under_another_ref_than_its_generations_is_seed_missing_with_no_e
     assert_seed_missing_with_no_effect(slots, seed)
 
 
-def test_a_born_seed_under_another_ref_settles_seed_missing_in_the_task(
-    stack: Stack, tmp_path: Path
-) -> None:
-    """The task's own check against the records (used on relaunch too) compares the ref:
-    a record born naming the generation's checkout and sha under a look-alike ref is never
-    fetched."""
-    recorded = NewSnapshot(
-        resource="widgets",
-        ref="main",
-        sha="b" * 40,
-        created_at=1_800_000_000,
-        checkout=Archive(backup_id="widgets-checkout", size=1, sha256="0" * 64),
-    )
-    stack.snapshots.record(recorded)
-    seed = SeedIdentity(
-        resource="widgets", ref="m\u0430in", sha="b" * 40, checkout_backup_id="widgets-checkout"
-    )
-    assert_the_task_settles_seed_missing_unfetched(stack, seed, tmp_path)
-
-
-def assert_the_task_settles_seed_missing_unfetched(
-    stack: Stack, seed: SeedIdentity, tmp_path: Path
-) -> None:
-    """Birth a record naming `seed`, run its slot task in-process granted a URL nothing
-    answers, and check it settles `seed-missing` at `download` without a tree."""
-    never = GrantedArchive(url="http://127.0.0.1:9/never-fetched", size=1, sha256="0" * 64)
-    failed = settled_in_process(stack, seed, RestoreGrant(checkout=never, expires_in=60), tmp_path)
-    assert (failed.reason, failed.step) == ("seed-missing", "download")
-
-
-def test_a_grant_naming_other_bytes_than_recorded_fails_before_anything_is_extracted(
+def test_a_grant_naming_other_bytes_than_served_fails_before_anything_is_extracted(
     slots: Slots, repo: Path, tmp_path: Path
 ) -> None:
+    """The task verifies each download against the sha256 it was granted with (the
+    records'): other bytes behind the URL fail the restore before anything is extracted."""
     seed = SeedIdentity.model_validate(slots.publish(repo) | {"resource": "widgets"})
     table = slots.stack.store.table_resource()
     archive = SnapshotStore(table).read("widgets").archives_for(seed)
@@ -527,14 +503,15 @@ def test_a_grant_naming_other_bytes_than_recorded_fails_before_anything_is_extra
         slots.stack, seed, RestoreGrant(checkout=other, expires_in=60), tmp_path
     )
 
-    assert (failed.reason, failed.step) == ("seed-failed", "download")
-    assert failed.detail == "the checkout granted is not as recorded"
+    assert (failed.reason, failed.step) == ("seed-failed", "verify")
+    assert failed.detail == "sha256-mismatch"
 
 
 def settled_in_process(
     stack: Stack, seed: SeedIdentity, grant: RestoreGrant, tmp_path: Path
 ) -> SeedFailed:
-    """Birth a record naming `seed`, run its slot task in-process with `grant`, and answer
+    """Birth a record naming `seed`, its task recorded, and run that task in-process with
+    `grant`, through its API (the checkpoint function, with the task's own keys): answer
     the failure it settled, with no checkout left."""
     lifecycle = stack.store.lifecycle()
     born = lifecycle.birth(
@@ -545,12 +522,16 @@ def settled_in_process(
     )
     assert isinstance(born, Written)
     assert born.entry is not None
+    incarnation = "local:in-process:1"
+    launched = transitions.Launched(incarnation=incarnation, launch=born.entry.ref, now=NOW + 1)
+    recorded = lifecycle.apply("in-process", transitions.RECORD_INCARNATION, launched)
+    assert isinstance(recorded, Written), recorded
     plan = SlotPlan(slot="in-process", attempt=1, op=born.entry.ref, seed=seed)
-    table = stack.store.table_resource()
     settings = TaskSettings(workspace=tmp_path / "workspace")
     stop = threading.Event()
     prefetch = Prefetch(grant, settings, stop)
-    task = SlotTask(plan, settings, Lifecycle(table), SnapshotStore(table), stop, prefetch=prefetch)
+    api = task_api(tmp_path, "in-process", incarnation, stop)
+    task = SlotTask(plan, settings, api, stop, prefetch=prefetch)
     assert task.restore() == "failed"
     classified = lifecycle.read("in-process")
     assert isinstance(classified, Supported)

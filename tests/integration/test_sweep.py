@@ -69,6 +69,9 @@ class FakeRuntime:
                 self.on_status[incarnation]()
         return {incarnation: self.states.get(incarnation, UNKNOWN) for incarnation in incarnations}
 
+    def launched_for(self, incarnation: str) -> Any:
+        raise AssertionError("the sweep never asks what a task was launched for")
+
     def stop(self, incarnation: str) -> None:
         self.stopped.append(incarnation)
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from builders import EXPIRED, IDLE, NOW, stored_in, success, written
+from seedkeeper.config import StoreSettings
 from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.models import Binding
@@ -29,7 +30,6 @@ from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState
 from seedkeeper.services.sweep import Report, Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper.store.sweep_index import PROGRESS_KEY, START, Position, Progress, SweepIndex
-from seedkeeper_task.supervisor import task_store
 from slots import Slots
 
 if TYPE_CHECKING:
@@ -55,6 +55,9 @@ class Tasks:
     def statuses(self, incarnations: Sequence[str]) -> dict[str, TaskState]:
         self.asked.update(incarnations)
         return dict.fromkeys(incarnations, RUNNING if self.running else UNKNOWN)
+
+    def launched_for(self, incarnation: str) -> Any:
+        raise AssertionError("the sweep never asks what a task was launched for")
 
     def stop(self, incarnation: str) -> None:
         self.stopped.append(incarnation)
@@ -275,8 +278,9 @@ def test_slots_retained_long_after_their_idle_deadline_are_counted_by_reason(
 def test_every_writer_puts_a_record_on_its_shard_under_the_configured_count(
     slots: Slots, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A writer with an idea of the count of its own (the slot task's default, say) would
-    put a slot on a shard a sweep configured with fewer never queries: each reads it."""
+    """A writer with an idea of the count of its own (a default, say) would put a slot on a
+    shard a sweep configured with fewer never queries: each reads it (the slot task writes
+    only through the checkpoint function, which is one of them)."""
     monkeypatch.setenv("SEEDKEEPER_SWEEP_SHARDS", "3")
     slot = "slot-7"
     assert sweep_shard(slot, 3) != sweep_shard(slot, SWEEP_SHARDS)  # the test can tell
@@ -289,7 +293,7 @@ def test_every_writer_puts_a_record_on_its_shard_under_the_configured_count(
         ExpressionAttributeValues={":other": sweep_shard(slot, SWEEP_SHARDS)},
     )
 
-    lifecycle, _ = task_store()
+    lifecycle = StoreSettings().lifecycle()
     poll = transitions.Poll(
         Binding(owner=None, seed=None, origin=None), now=NOW, idle_deadline=NOW + IDLE
     )

@@ -1,9 +1,11 @@
 """A slot task's start: RunTask carries no URL, and the task fetches its URLs itself from
-the checkpoint function (`POST /tasks/start`), which answers only the attempt's task.
+the checkpoint function (`POST /tasks/start`), which answers only the attempt's task: the one
+whose session of the task role signed the call, and which RunTask launched for this attempt
+(read back with DescribeTasks) when the record names no task yet.
 
 The seed function launches on ECS as moto plays it (every RunTask request is captured as
-botocore sends it); the checkpoint function is invoked as Lambda does; a real slot task
-that is not its attempt's is run to show it touches nothing.
+botocore sends it); the checkpoint function is invoked as Lambda does, its runtime that same
+ECS; a real slot task that is not its attempt's is run to show it touches nothing.
 """
 
 from __future__ import annotations
@@ -24,18 +26,21 @@ import pytest
 from builders import NOW, ORIGIN, owner, stored_in, written
 from conftest import Stack
 from fargate import fargate_cluster
-from functions import event, invoke, load_function
+from functions import as_task, event, invoke, load_function, signed_by
 from seedkeeper import config
 from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.adapters.runtime import EcsRuntime, SlotRuntime
 from seedkeeper.domain import transitions
+from seedkeeper.domain.caller import task_id
 from seedkeeper.domain.models import Binding, SeedIdentity
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.record import SlotRecord, State
+from seedkeeper.domain.runtime import Launch
 from seedkeeper.domain.snapshots import Archive, NewSnapshot
 from seedkeeper.services.seed import SeedRequest, SeedService, SeedSettings
 from seedkeeper.store.snapshots import SnapshotStore
 from seedkeeper_task.settings import ECS_METADATA_VARIABLE, TaskSettings
+from seedkeeper_tools.local.principals import TaskKeys
 from seedkeeper_tools.local.runtime import LOCAL_TASK_ENVIRONMENT
 
 checkpoint_function = load_function("checkpoint")
@@ -49,11 +54,10 @@ SEED = SeedIdentity(
     checkout_backup_id="checkout-0001",
     deps_backup_id="deps-0001",
 )
-TASK_ARN = "arn:aws:ecs:us-east-1:000000000000:task/seedkeeper/0123456789abcdef"
-OTHER_ARN = "arn:aws:ecs:us-east-1:000000000000:task/seedkeeper/fedcba9876543210"
-NO_MATCH: tuple[int, Any] = (
-    404,
-    {"error": "no-match", "detail": None, "fields": []},
+TASK_ARN = "arn:aws:ecs:us-east-1:000000000000:task/seedkeeper/0123456789abcdef0123456789abcdef"
+NOT_THIS_TASK: tuple[int, Any] = (
+    403,
+    {"error": "not-this-task", "detail": None, "fields": []},
 )  # nothing more said
 
 
@@ -82,7 +86,11 @@ def born(stack: Stack, slot: str = SLOT) -> SlotRecord:
     return written(stack.store.lifecycle().birth(slot, binding, now=NOW, idle_deadline=NOW + 600))
 
 
-def start(record: SlotRecord, incarnation: str, **changes: Any) -> tuple[int, Any]:
+def start(
+    record: SlotRecord, incarnation: str, *, signer: str | None = None, **changes: Any
+) -> tuple[int, Any]:
+    """`/tasks/start` as the task `incarnation` asks it, signed by that task (or by the
+    task `signer`)."""
     op = record.window.entries[-1]
     body = {
         "slot": record.slot,
@@ -91,7 +99,7 @@ def start(record: SlotRecord, incarnation: str, **changes: Any) -> tuple[int, An
         "op": {"ordinal": op.ordinal, "generation": op.generation},
     } | changes
     request = event("checkpoint-upload", body=body, rawPath="/tasks/start")
-    return invoke(checkpoint_function, request)
+    return invoke(checkpoint_function, as_task(request, signer or incarnation))
 
 
 def read(stack: Stack, slot: str = SLOT) -> SlotRecord:
@@ -106,7 +114,8 @@ def read(stack: Stack, slot: str = SLOT) -> SlotRecord:
 
 class Launches:
     """The ECS runtime on the moto server, each RunTask request kept as botocore sends it;
-    `die_after_launch` plays a seed handler that dies between RunTask and its record."""
+    `die_after_launch` plays a seed handler that dies between RunTask and its record. The
+    checkpoint function asks it what a task was launched for."""
 
     def __init__(self, stack: Stack) -> None:
         client = boto3.client("ecs", endpoint_url=stack.endpoint, region_name="us-east-1")
@@ -119,7 +128,7 @@ class Launches:
     def _keep(self, params: dict[str, Any], **_: Any) -> None:
         self.requests.append(json.loads(json.dumps(params)))
 
-    def __call__(self) -> SlotRuntime:
+    def __call__(self, settings: Any = None) -> SlotRuntime:
         return self
 
     def launch(self, plan: SlotPlan) -> str:
@@ -128,14 +137,22 @@ class Launches:
             raise TimeoutError("the handler died after RunTask")
         return incarnation
 
+    def launched(self, record: SlotRecord, slot: str | None = None) -> str:
+        """A task RunTask starts for `record`'s attempt (of `slot`, when given): its ARN."""
+        plan = SlotPlan.of(record, record.window.entries[-1].ref)
+        return self.runtime.launch(plan.model_copy(update={"slot": slot or record.slot}))
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runtime, name)
 
 
 @pytest.fixture
-def launches(stack: Stack) -> Launches:
+def launches(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Launches:
+    """The ECS that launches, and that the checkpoint function asks (DescribeTasks)."""
     record_snapshot(stack)
-    return Launches(stack)
+    launched = Launches(stack)
+    monkeypatch.setattr(config, "runtime_from", launched)
+    return launched
 
 
 def seed_service(stack: Stack, launches: Launches) -> SeedService:
@@ -205,12 +222,12 @@ def test_a_relaunch_sends_runtask_exactly_what_the_first_launch_sent(
 
 
 def test_the_attempts_task_is_granted_its_archives_and_recorded_as_its_incarnation(
-    stack: Stack,
+    stack: Stack, launches: Launches
 ) -> None:
-    record_snapshot(stack)
     record = born(stack)
+    task = launches.launched(record)
 
-    status, answer = start(record, TASK_ARN)
+    status, answer = start(record, task)
 
     assert status == 200, answer
     bucket = stack.r2_settings.bucket
@@ -223,21 +240,81 @@ def test_the_attempts_task_is_granted_its_archives_and_recorded_as_its_incarnati
     assert answer["resume"] is None
     assert "X-Amz-Signature=" in checkout["url"]
     after = read(stack)
-    assert after.incarnation == TASK_ARN
+    assert after.incarnation == task
     assert after.state is State.SEEDING
     # Asked again (its answer was lost): the same grant, nothing written.
     item = stack.wire_item(SLOT)
-    assert start(record, TASK_ARN)[0] == 200
+    assert start(record, task)[0] == 200
     assert stack.wire_item(SLOT) == item
 
 
-def test_a_second_task_of_the_attempt_is_refused_and_learns_nothing(stack: Stack) -> None:
-    record_snapshot(stack)
+def test_a_second_task_of_the_attempt_is_refused_and_learns_nothing(
+    stack: Stack, launches: Launches
+) -> None:
     record = born(stack)
-    assert start(record, TASK_ARN)[0] == 200
+    assert start(record, launches.launched(record))[0] == 200
     item = stack.wire_item(SLOT)
 
-    assert start(record, OTHER_ARN) == NO_MATCH
+    assert start(record, launches.launched(record)) == NOT_THIS_TASK
+    assert stack.wire_item(SLOT) == item
+
+
+def test_another_slots_task_cannot_take_an_attempt_no_task_claimed_yet(
+    stack: Stack, launches: Launches
+) -> None:
+    """Every slot task holds the one task role: one launched for slot B asks for slot A's
+    start, before A's own task could, naming itself. RunTask launched it for B, so it is
+    refused: A's record is unchanged, no URL is handed out, and A's own task still starts."""
+    record = born(stack)
+    other = born(stack, "slot-b")
+    intruder = launches.launched(other)
+    item = stack.wire_item(SLOT)
+
+    assert start(record, intruder) == NOT_THIS_TASK
+    assert stack.wire_item(SLOT) == item
+    assert start(record, launches.launched(record))[0] == 200
+
+
+def test_a_task_naming_another_tasks_incarnation_is_refused(
+    stack: Stack, launches: Launches
+) -> None:
+    """A call names the task it is for; only that task's session may sign it."""
+    record = born(stack)
+    own, other = launches.launched(record), launches.launched(born(stack, "slot-b"))
+    item = stack.wire_item(SLOT)
+
+    assert start(record, own, signer=other) == NOT_THIS_TASK
+    assert stack.wire_item(SLOT) == item
+
+
+@pytest.mark.parametrize(
+    "signer",
+    [
+        pytest.param("arn:aws:iam::123456789012:user/executor", id="a-user"),
+        pytest.param("arn:aws:sts::123456789012:assumed-role/other-role/{id}", id="another-role"),
+        pytest.param(
+            "arn:aws:sts::210987654321:assumed-role/seedkeeper-slot-task/{id}",
+            id="another-account",
+        ),
+        pytest.param("", id="nobody"),
+    ],
+)
+def test_anyone_but_a_session_of_the_task_role_is_refused(
+    stack: Stack, launches: Launches, signer: str
+) -> None:
+    record = born(stack)
+    task = launches.launched(record)
+    item = stack.wire_item(SLOT)
+    body = {
+        "slot": record.slot,
+        "attempt": record.attempt,
+        "incarnation": task,
+        "op": {"ordinal": 1, "generation": 1},
+    }
+    request = event("checkpoint-upload", body=body, rawPath="/tasks/start")
+    signed = signed_by(request, signer.format(id=task_id(task)))
+
+    assert invoke(checkpoint_function, signed) == NOT_THIS_TASK
     assert stack.wire_item(SLOT) == item
 
 
@@ -251,13 +328,12 @@ def test_a_second_task_of_the_attempt_is_refused_and_learns_nothing(stack: Stack
     ],
 )
 def test_a_start_that_names_anything_but_the_live_attempt_is_one_refusal(
-    stack: Stack, changes: dict[str, Any]
+    stack: Stack, launches: Launches, changes: dict[str, Any]
 ) -> None:
-    record_snapshot(stack)
     record = born(stack)
     item = stack.wire_item(SLOT)
 
-    assert start(record, TASK_ARN, **changes) == NO_MATCH
+    assert start(record, launches.launched(record), **changes) == NOT_THIS_TASK
     assert stack.wire_item(SLOT) == item
 
 
@@ -268,39 +344,52 @@ def test_a_settled_attempts_task_is_granted_nothing(stack: Stack, state: State) 
     """Its restore settled: a task starting late (or again) restores nothing."""
     record = stored_in(stack.store.lifecycle(), SLOT, state, incarnation=TASK_ARN)
 
-    assert start(record, TASK_ARN) == NO_MATCH
+    assert start(record, TASK_ARN) == NOT_THIS_TASK
 
 
-def test_a_cold_slots_task_is_recorded_and_granted_no_url(stack: Stack) -> None:
+def test_a_cold_slots_task_is_recorded_and_granted_no_url(stack: Stack, launches: Launches) -> None:
     cold = Binding(owner=None, seed=None, origin=None)
     record = written(stack.store.lifecycle().birth(SLOT, cold, now=NOW, idle_deadline=NOW + 600))
+    task = launches.launched(record)
 
-    status, answer = start(record, TASK_ARN)
+    status, answer = start(record, task)
 
     assert status == 200, answer
     assert (answer["checkout"], answer["deps"], answer["resume"]) == (None, None, None)
-    assert read(stack).incarnation == TASK_ARN
-    assert start(record, OTHER_ARN) == NO_MATCH
+    assert read(stack).incarnation == task
+    assert start(record, launches.launched(record)) == NOT_THIS_TASK
 
 
-def test_a_seed_rotated_out_since_the_launch_is_granted_no_url(stack: Stack) -> None:
+def test_a_seed_rotated_out_since_the_launch_is_granted_no_url(
+    stack: Stack, launches: Launches
+) -> None:
     """Nothing unrecorded is presigned: the record names the seed, no generation does."""
-    record = born(stack)  # no snapshot recorded
+    rotated = SeedIdentity(**(SEED.model_dump() | {"checkout_backup_id": "checkout-9999"}))
+    record = written(
+        stack.store.lifecycle().birth(
+            "slot-unrecorded",
+            Binding(owner=owner(), seed=rotated, origin=ORIGIN),
+            now=NOW,
+            idle_deadline=NOW + 600,
+        )
+    )
+    task = launches.launched(record)
 
-    status, answer = start(record, TASK_ARN)
+    status, answer = start(record, task)
 
     assert (status, answer["error"]) == (409, "seed-missing")
-    assert read(stack).incarnation == TASK_ARN  # the attempt's task: it records the failure
+    # The attempt's task: it records the failure.
+    assert read(stack, "slot-unrecorded").incarnation == task
 
 
-def test_a_resumed_attempt_is_granted_its_checkpoint_only(stack: Stack) -> None:
+def test_a_resumed_attempt_is_granted_its_checkpoint_only(stack: Stack, launches: Launches) -> None:
     lifecycle = stack.store.lifecycle()
     parked = stored_in(lifecycle, SLOT, State.PARKED, incarnation=TASK_ARN)
     poll = transitions.Poll(binding=parked.binding, now=NOW + 10, idle_deadline=NOW + 900)
     resumed = written(lifecycle.apply(SLOT, transitions.RESUME, poll))
     assert resumed.checkpoint is not None
 
-    status, answer = start(resumed, OTHER_ARN)
+    status, answer = start(resumed, launches.launched(resumed))
 
     assert status == 200, answer
     assert (answer["checkout"], answer["deps"]) == (None, None)
@@ -308,6 +397,19 @@ def test_a_resumed_attempt_is_granted_its_checkpoint_only(stack: Stack) -> None:
     assert path == f"/{stack.r2_settings.bucket}/{resumed.checkpoint.key}"
     granted = (answer["resume"]["size"], answer["resume"]["sha256"])
     assert granted == (resumed.checkpoint.size, resumed.checkpoint.sha256)
+    # The parked attempt's own task, restarted, is not the resumed attempt's.
+    assert start(resumed, TASK_ARN) == NOT_THIS_TASK
+
+
+def test_ecs_says_what_a_task_was_launched_for(stack: Stack, launches: Launches) -> None:
+    """DescribeTasks reads back the plan RunTask's override carried; a task it does not
+    know, or not an ARN at all, was launched for nothing."""
+    record = born(stack)
+    task = launches.launched(record)
+
+    assert launches.runtime.launched_for(task) == Launch(SLOT, 1)
+    assert launches.runtime.launched_for(task.replace(task[-4:], "0000")) is None
+    assert launches.runtime.launched_for("local:slot-1:1") is None
 
 
 @pytest.mark.parametrize("field", ["slot", "attempt", "incarnation", "op"])
@@ -334,19 +436,23 @@ def test_a_task_that_is_not_its_attempts_touches_nothing_and_exits(
 ) -> None:
     """A second task of one attempt (a client token aged out): refused at its start, it
     removes nothing, restores nothing, writes nothing, and ends with no error."""
-    record_snapshot(stack)
     record = born(stack)
-    assert start(record, "local:slot-1:first")[0] == 200
+    launch = record.window.entries[-1].ref
+    first = transitions.Launched(incarnation="local:slot-1:first", launch=launch, now=NOW + 5)
+    written(stack.store.lifecycle().apply(SLOT, transitions.RECORD_INCARNATION, first))
     item = stack.wire_item(SLOT)
     workspace = tmp_path / "workspace"
     (workspace / "checkout").mkdir(parents=True)
     (workspace / "checkout" / "work.txt").write_text("the first task's\n")
-    plan = SlotPlan.of(record, record.window.entries[-1].ref)
+    plan = SlotPlan.of(record, launch)
+    keys = TaskKeys(tmp_path / "data").issue("local:slot-1:second")
     environment = {name: os.environ[name] for name in LOCAL_TASK_ENVIRONMENT if name in os.environ}
     environment |= {
         PLAN_VARIABLE: plan.to_env(),
         "SEEDKEEPER_WORKSPACE": str(workspace),
         "SEEDKEEPER_INCARNATION": "local:slot-1:second",
+        "AWS_ACCESS_KEY_ID": keys.access_key,
+        "AWS_SECRET_ACCESS_KEY": keys.secret_key,
     }
 
     ended = subprocess.run(

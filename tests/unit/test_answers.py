@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from seedkeeper.api import answers
-from seedkeeper.domain import outcomes
+from seedkeeper.domain import outcomes, task_api
 from seedkeeper.domain.transitions import TOUCH
 from seedkeeper.errors import (
     MalformedRecord,
@@ -51,11 +51,22 @@ def test_every_outcome_a_service_returns_has_a_status() -> None:
 def test_every_row_names_an_outcome() -> None:
     models = {
         name
-        for name, member in inspect.getmembers(outcomes, inspect.isclass)
-        if issubclass(member, BaseModel) and member.__module__ == outcomes.__name__
+        for module in (outcomes, task_api)
+        for name, member in inspect.getmembers(module, inspect.isclass)
+        if issubclass(member, BaseModel) and member.__module__ == module.__name__
     }
     nested = {"ObjectCounts", "GrantedArchive"}  # parts of answers, never answers of their own
-    assert set(answers.OUTCOMES) == (models - nested) | {"Health"}
+    calls = {
+        "TaskOp",
+        "TaskCall",
+        "RecordRead",
+        "AttemptCall",
+        "SettleSeed",
+        "Freeze",
+        "Thaw",
+        "Lose",
+    }
+    assert set(answers.OUTCOMES) == (models - nested - calls) | {"Health"}
 
 
 def test_every_refusal_a_service_makes_has_a_status() -> None:

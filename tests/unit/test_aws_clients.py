@@ -17,6 +17,7 @@ from botocore.config import Config
 from botocore.endpoint import DEFAULT_TIMEOUT
 from botocore.retries.standard import ExponentialBackoff
 
+from iam.deployed import deploy
 from seedkeeper import config
 from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
@@ -24,7 +25,8 @@ from seedkeeper.adapters.runtime import RuntimeSettings, runtime_from
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain.record import Absent
 from seedkeeper.domain.runtime import TaskStatus
-from seedkeeper_task.supervisor import task_store
+from seedkeeper_task import task_api
+from seedkeeper_task.settings import STOP_MARGIN
 from seedkeeper_tools.infra import load_template
 from sessions import Answer, answer_calls, answered, injected_session
 
@@ -44,14 +46,15 @@ OFFLINE = {
 }
 
 # What each function calls, by botocore's service name: every function reads the table and
-# R2 (its keys from Secrets Manager when a secret holds them); the seed function and the
-# sweep reach ECS (checked against their IAM policies below).
+# R2 (its keys from Secrets Manager when a secret holds them); the seed function, the sweep
+# and the checkpoint function (what a task was launched for) reach ECS (checked against their
+# IAM policies below).
 CALLS: dict[str, set[str]] = {
     "seed": {"dynamodb", "ecs", "s3", "secretsmanager"},
     "receipt": {"dynamodb", "s3", "secretsmanager"},
     "slot_evidence": {"dynamodb", "s3", "secretsmanager"},
     "rotation": {"dynamodb", "s3", "secretsmanager"},
-    "checkpoint": {"dynamodb", "s3", "secretsmanager"},
+    "checkpoint": {"dynamodb", "ecs", "s3", "secretsmanager"},
     "idle_sweep": {"dynamodb", "ecs", "s3", "secretsmanager"},
 }
 
@@ -119,31 +122,19 @@ def function_timeouts(template: Template) -> dict[str, int]:
     }
 
 
-def reaches_ecs(template: Template) -> set[str]:
-    """The functions whose own policies grant an ECS action."""
-    found = set()
-    for resource in template["Resources"].values():
-        if resource["Type"] != "AWS::Serverless::Function":
-            continue
-        properties = resource["Properties"]
-        statements = [
-            statement
-            for policy in properties.get("Policies", [])
-            if isinstance(policy, dict) and "Statement" in policy
-            for statement in policy["Statement"]
-        ]
-        actions = [
-            action
-            for statement in statements
-            for action in (
-                [statement["Action"]]
-                if isinstance(statement["Action"], str)
-                else statement["Action"]
-            )
-        ]
-        if any(action.startswith("ecs:") for action in actions):
-            found.add(properties["CodeUri"].removeprefix("functions/").rstrip("/"))
-    return found
+def reaches_ecs() -> set[str]:
+    """The functions whose roles, as deployed, grant an ECS action."""
+    deployed = deploy()
+    return {
+        function
+        for function, role in deployed.roles.items()
+        for _, document in deployed.principals[role].policies
+        for statement in document["Statement"]
+        for action in (
+            [statement["Action"]] if isinstance(statement["Action"], str) else statement["Action"]
+        )
+        if action.startswith("ecs:")
+    }
 
 
 def call_as_the_functions_do() -> None:
@@ -168,7 +159,7 @@ def test_the_functions_clients_are_bounded_within_each_functions_timeout(
     call_as_the_functions_do()
     timeouts = function_timeouts(template)
     assert set(timeouts) == set(CALLS)
-    assert reaches_ecs(template) == {name for name, services in CALLS.items() if "ecs" in services}
+    assert reaches_ecs() == {name for name, services in CALLS.items() if "ecs" in services}
     assert set(seen) == set().union(*CALLS.values())
     for function, services in CALLS.items():
         for service in services:
@@ -176,14 +167,10 @@ def test_the_functions_clients_are_bounded_within_each_functions_timeout(
             assert worst_case(seen[service]) < timeouts[function], (function, service)
 
 
-def test_the_slot_tasks_settle_fits_its_stop_timeout(
-    template: Template, seen: dict[str, Config], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A stopped task joins its downloads and settles, a read then a write, before ECS
-    kills it: both calls' worst cases fit in the container's StopTimeout."""
-    monkeypatch.setenv("SEEDKEEPER_TABLE", "lifecycle")
-    lifecycle, _ = task_store()
-    assert isinstance(lifecycle.read("slot-1"), Absent)
+def test_a_slot_tasks_call_fits_its_stop_timeout(template: Template) -> None:
+    """A stopped task's last calls to its API (its record, then its verdict or its loss)
+    fit in the container's StopTimeout, less the margin kept for the last one: every try
+    timing out, the longest waits between."""
     (slot,) = [
         container
         for container in template["Resources"]["SlotTaskDefinition"]["Properties"][
@@ -191,8 +178,10 @@ def test_the_slot_tasks_settle_fits_its_stop_timeout(
         ]
         if container["Name"] == "slot"
     ]
-    assert_bounded(seen["dynamodb"])
-    assert 2 * worst_case(seen["dynamodb"]) < slot["StopTimeout"]
+    tries = task_api._TRIES
+    waits = sum(2.0**attempt for attempt in range(tries - 1))
+    one_call = tries * task_api.CALL_TIMEOUT + waits
+    assert 2 * one_call < slot["StopTimeout"] - STOP_MARGIN
 
 
 def test_the_tools_clients_use_the_standard_retry_mode_with_explicit_timeouts(

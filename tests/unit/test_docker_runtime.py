@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from seedkeeper.domain.caller import task_id
 from seedkeeper.domain.models import OwnerClaim
 from seedkeeper.domain.opwindow import Actor, OpRef
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
@@ -87,13 +88,15 @@ def test_the_plan_travels_in_the_environment_never_in_an_argv(
     assert SlotPlan.from_env(environment[PLAN_VARIABLE]) == plan()
     given = {argv[index + 1] for index, word in enumerate(argv) if word == "--env"}
     assert given == {
-        "SEEDKEEPER_TABLE",
         "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
         "SEEDKEEPER_SANDBOX_COMMAND",
         "AWS_EXECUTION_ENV",
         PLAN_VARIABLE,
         "SEEDKEEPER_INCARNATION",
     }
+    # Its own session of the task role, never the store's keys.
+    assert environment["AWS_ACCESS_KEY_ID"] == f"seedkeeper-task-{task_id(incarnation)}"
     assert argv[argv.index("--stop-timeout") :][:2] == ["--stop-timeout", "120"]
     assert "--init" in argv
     assert argv[argv.index("--network") :][:2] == ["--network", "host"]

@@ -13,7 +13,7 @@ import pytest
 
 from seedkeeper.adapters.r2 import R2
 from seedkeeper_tools.local import stack as stack_module
-from seedkeeper_tools.local.gateway import LocalCredentials
+from seedkeeper_tools.local.principals import TASK_ROLE_ARN, LocalCredentials, TaskKeys
 from seedkeeper_tools.local.stack import LocalStack
 
 GATEWAY_URL = "http://127.0.0.1:48787"
@@ -21,13 +21,16 @@ NEW_VARIABLES = (
     "SEEDKEEPER_CHECKPOINT_URL",
     "SEEDKEEPER_PARK_RETENTION",
     "SEEDKEEPER_WATCH_INTERVAL",
+    "SEEDKEEPER_TASK_ROLE_ARN",
 )
 
 
 class FakeStore:
     endpoint = "http://127.0.0.1:48788"
 
-    def __init__(self, credentials: LocalCredentials, *, region: str) -> None:
+    def __init__(
+        self, credentials: LocalCredentials, *, region: str, read_only: LocalCredentials
+    ) -> None:
         pass
 
     def start(self) -> FakeStore:
@@ -91,10 +94,11 @@ def test_the_gateway_is_the_checkpoint_function_before_it_serves(
     try:
         (gateway,) = stubbed.built
         assert gateway.serving_with["SEEDKEEPER_CHECKPOINT_URL"] == GATEWAY_URL
-        # The store's keys stand in for the task role: the gateway takes them, for the
-        # checkpoint route, beside the executor's.
+        # Each task's own keys are its session of the task role: the gateway takes them, for
+        # the checkpoint route, beside the executor's; the function serves that role.
         assert gateway.credentials == stack.credentials
-        assert gateway.options["task_credentials"] == stack.store_credentials
+        assert isinstance(gateway.options["task_keys"], TaskKeys)
+        assert gateway.serving_with["SEEDKEEPER_TASK_ROLE_ARN"] == TASK_ROLE_ARN
         assert os.environ["AWS_ACCESS_KEY_ID"] == stack.store_credentials.access_key
         # The deployment's default retention, for the handlers and the sweep alike.
         assert gateway.serving_with["SEEDKEEPER_PARK_RETENTION"] == "2592000"

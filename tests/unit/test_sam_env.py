@@ -37,10 +37,13 @@ STACK = {
     "SEEDKEEPER_R2_ENDPOINT": ENDPOINT,
     "SEEDKEEPER_R2_ACCESS_KEY_ID": "seedkeeper-store-1a2b3c4d",
     "SEEDKEEPER_R2_SECRET_ACCESS_KEY": "store-secret",
+    "SEEDKEEPER_R2_READ_ACCESS_KEY_ID": "seedkeeper-r2-read-1a2b3c4d",
+    "SEEDKEEPER_R2_READ_SECRET_ACCESS_KEY": "r2-read-secret",
     "SEEDKEEPER_RUNTIME": "local",
     "SEEDKEEPER_DATA_DIR": "/srv/seedkeeper",
     "SEEDKEEPER_IDLE_WINDOW": "1800",
     "SEEDKEEPER_PARK_RETENTION": "172800",
+    "SEEDKEEPER_TASK_ROLE_ARN": "arn:aws:iam::000000000000:role/seedkeeper-slot-task",
     "SEEDKEEPER_SANDBOX_COMMAND": "make test",
     "HOME": "/root",
 }

@@ -19,9 +19,11 @@ from cfnlint.api import lint_all
 from pydantic_settings import BaseSettings
 
 from builders import EXPIRED, stored_in
+from iam.deployed import PARAMETERS, Deployed, deploy, translated
 from seedkeeper.adapters.r2 import R2Settings, transfer_mode
 from seedkeeper.adapters.runtime import RuntimeSettings
-from seedkeeper.config import StoreSettings
+from seedkeeper.config import StoreSettings, TaskRoleSettings
+from seedkeeper.domain.caller import Caller, task_id
 from seedkeeper.domain.checkpoints import RetentionSettings, retry_after
 from seedkeeper.domain.opwindow import OpKind
 from seedkeeper.domain.outcomes import CheckpointNotTaken
@@ -55,77 +57,15 @@ READS: dict[str, tuple[type[BaseSettings], ...]] = {
     "receipt": (StoreSettings, R2Settings),
     "slot_evidence": (StoreSettings, R2Settings),
     "rotation": (StoreSettings, R2Settings),
-    "checkpoint": (StoreSettings, R2Settings, RetentionSettings),
+    "checkpoint": (StoreSettings, R2Settings, RetentionSettings, TaskRoleSettings, RuntimeSettings),
     "idle_sweep": (StoreSettings, R2Settings, RuntimeSettings, SweepSettings),
 }
-SLOT_TASK_READS: tuple[type[BaseSettings], ...] = (
-    StoreSettings,
-    TaskSettings,
-    CheckpointSettings,
-    RetentionSettings,  # a lost slot's record is kept as long as a park would be
-)
+# The slot task reads no table setting: its record is its API's (the checkpoint function).
+SLOT_TASK_READS: tuple[type[BaseSettings], ...] = (TaskSettings, CheckpointSettings)
 WITH_URL = {"seed", "receipt", "slot_evidence", "rotation", "checkpoint"}
-NEVER_TOUCH_THE_RUNTIME = {"receipt", "slot_evidence", "checkpoint"}
 # The one function a slot task may call (through its URL), and the one principal that may.
 CHECKPOINT = "CheckpointFunction"
 TASK_ROLE = "SlotTaskRole"
-
-# Least privilege on the table, pinned: which actions each principal has, on the table
-# itself or on the sweep's index. (Transactions have no IAM action of their own: each
-# item needs PutItem, DeleteItem, UpdateItem or ConditionCheckItem.)
-TABLE_ACCESS: dict[str, set[tuple[str, str]]] = {
-    "SeedFunction": {
-        ("dynamodb:GetItem", "table"),
-        ("dynamodb:PutItem", "table"),
-        ("dynamodb:UpdateItem", "table"),
-        ("dynamodb:ConditionCheckItem", "table"),
-        ("dynamodb:Query", "table"),
-    },
-    "ReceiptFunction": {("dynamodb:GetItem", "table")},
-    "SlotEvidenceFunction": {("dynamodb:GetItem", "table")},
-    # Reads the record, then records the checkpoint or its failure (conditional updates).
-    "CheckpointFunction": {("dynamodb:GetItem", "table"), ("dynamodb:UpdateItem", "table")},
-    "RotationFunction": {
-        ("dynamodb:Query", "table"),
-        ("dynamodb:PutItem", "table"),
-        ("dynamodb:DeleteItem", "table"),
-        ("dynamodb:ConditionCheckItem", "table"),
-    },
-    "IdleSweepFunction": {
-        ("dynamodb:Query", "index"),
-        ("dynamodb:GetItem", "table"),
-        ("dynamodb:PutItem", "table"),
-        ("dynamodb:UpdateItem", "table"),
-        ("dynamodb:DeleteItem", "table"),
-        ("dynamodb:Query", "table"),
-    },
-    "SlotTaskRole": {
-        ("dynamodb:GetItem", "table"),
-        ("dynamodb:PutItem", "table"),  # a resumed settle's debt, slot items only
-        ("dynamodb:UpdateItem", "table"),
-        ("dynamodb:Query", "table"),
-    },
-    "SlotTaskExecutionRole": set(),
-}
-TABLE_ARN = {"Fn::GetAtt": [TABLE_RESOURCE, "Arn"]}
-INDEX_ARN = {"Fn::Sub": f"${{{TABLE_RESOURCE}.Arn}}/index/{INDEX}"}
-
-# Values for the stack's parameters and resources, to resolve what the template sets.
-SAMPLE_VALUES: dict[str, Any] = {
-    "R2AccountId": "0123456789abcdef0123456789abcdef",
-    "R2Bucket": "seedkeeper-backups",
-    "R2SecretArn": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:seedkeeper/r2-AbCdEf",
-    "SlotImage": "123456789012.dkr.ecr.eu-west-1.amazonaws.com/seedkeeper-slot:1",
-    "SubnetIds": ["subnet-0123456789abcdef0", "subnet-0fedcba9876543210"],
-    "SecurityGroupIds": ["sg-0123456789abcdef0"],
-    "AWS::StackName": "seedkeeper",
-    "AWS::Region": "eu-west-1",
-    TABLE_RESOURCE: "seedkeeper-LifecycleTable-1A2B3C",
-    "SlotCluster": "seedkeeper-SlotCluster-1A2B3C",
-    TASK_DEFINITION: "arn:aws:ecs:eu-west-1:123456789012:task-definition/seedkeeper-slot:1",
-    "SlotLogGroup": "seedkeeper-SlotLogGroup-1A2B3C",
-    "CheckpointFunctionUrl.FunctionUrl": "https://abcdefghij.lambda-url.eu-west-1.on.aws/",
-}
 
 
 @pytest.fixture(scope="module")
@@ -179,78 +119,10 @@ def _branches(value: Any) -> Iterator[Any]:
         yield value
 
 
-def _documents(template: Template, policies: list[Any]) -> Iterator[Mapping[str, Any]]:
-    """A function's policy documents: inline documents or managed policies of this template,
-    nothing else (no AWS managed policy, no SAM policy template with its broad grants)."""
-    for policy in (branch for entry in policies for branch in _branches(entry)):
-        if isinstance(policy, Mapping) and set(policy) == {"Ref"}:
-            managed = template["Resources"][policy["Ref"]]
-            assert managed["Type"] == "AWS::IAM::ManagedPolicy"
-            yield managed["Properties"]["PolicyDocument"]
-        else:
-            assert isinstance(policy, Mapping), f"not an inline policy: {policy!r}"
-            assert "Statement" in policy, f"not an inline policy: {policy!r}"
-            yield policy
-
-
-def statements(template: Template) -> dict[str, list[Statement]]:
-    """Every principal's statements: the functions' roles and the template's own roles."""
-    found: dict[str, list[Statement]] = {}
-    for name, resource in template["Resources"].items():
-        properties = resource.get("Properties", {})
-        if resource["Type"] == "AWS::Serverless::Function":
-            documents = list(_documents(template, properties.get("Policies", [])))
-        elif resource["Type"] == "AWS::IAM::Role":
-            assert "ManagedPolicyArns" not in properties, name
-            documents = [policy["PolicyDocument"] for policy in properties.get("Policies", [])]
-        else:
-            continue
-        found[name] = [
-            statement
-            for document in documents
-            for entry in document["Statement"]
-            for statement in _branches(entry)
-        ]
-    return found
-
-
-def table_access(statement: Statement) -> set[tuple[str, str]]:
-    """What a statement grants on the table: (action, "table" or "index")."""
-    places = {json.dumps(TABLE_ARN): "table", json.dumps(INDEX_ARN): "index"}
-    granted = set()
-    for resource in as_list(statement["Resource"]):
-        place = places.get(json.dumps(resource))
-        if place is not None:
-            granted |= {(action, place) for action in as_list(statement["Action"])}
-    return granted
-
-
-def resolve(value: Any, values: Mapping[str, Any]) -> Any:
-    """Evaluate the intrinsics the template uses in environments, with `values` for
-    parameters, pseudo parameters and resources."""
-    if isinstance(value, Mapping) and len(value) == 1:
-        ((intrinsic, argument),) = value.items()
-        if intrinsic == "Ref":
-            return values[argument]
-        if intrinsic == "Fn::GetAtt":
-            return values[".".join(argument)]
-        if intrinsic == "Fn::Join":
-            separator, items = argument
-            return separator.join(str(resolve(item, values)) for item in resolve(items, values))
-        if intrinsic == "Fn::Sub":
-            return re.sub(r"\$\{([^}]+)\}", lambda m: str(values[m.group(1)]), argument)
-    if isinstance(value, list):
-        return [resolve(item, values) for item in value]
-    return value
-
-
-def sample_values(template: Template) -> dict[str, Any]:
-    defaults = {
-        name: parameter["Default"]
-        for name, parameter in template["Parameters"].items()
-        if "Default" in parameter
-    }
-    return defaults | SAMPLE_VALUES
+@pytest.fixture(scope="module")
+def deployed() -> Deployed:
+    """template.yaml as SAM deploys it with a deployment's parameters (tests/iam)."""
+    return deploy()
 
 
 def env_names(*classes: type[BaseSettings]) -> set[str]:
@@ -394,12 +266,17 @@ def test_the_outputs_give_each_url_the_table_and_the_cluster(template: Template)
     assert {"Ref": "SlotCluster"} in values
 
 
-def test_the_sweep_runs_on_its_schedule(template: Template) -> None:
+def test_the_sweep_runs_on_its_schedule(template: Template, deployed: Deployed) -> None:
     sweep = functions(template)["idle_sweep"]
     (event,) = sweep["Events"].values()
     assert event["Type"] == "ScheduleV2"
-    values = sample_values(template)
-    expression = resolve(event["Properties"]["ScheduleExpression"], values)
+    (schedule,) = [
+        resource["Properties"]
+        for resource in deployed.resources.values()
+        if resource["Type"] == "AWS::Scheduler::Schedule"
+    ]
+    assert schedule["Target"]["Arn"] == deployed.arn("IdleSweepFunction")
+    expression = schedule["ScheduleExpression"]
     assert re.fullmatch(r"rate\([1-9][0-9]* minutes\)", expression)
     assert expression == "rate(5 minutes)"  # the default
     # "rate(1 minutes)" is not an expression: a rate of one takes the singular unit.
@@ -418,102 +295,6 @@ def test_the_sweep_runs_on_its_schedule(template: Template) -> None:
 # -- least privilege --------------------------------------------------------------------
 
 
-def test_no_statement_grants_a_wildcard_action(template: Template) -> None:
-    for name, granted in statements(template).items():
-        for statement in granted:
-            for action in as_list(statement["Action"]):
-                assert "*" not in action, f"{name}: {action}"
-
-
-def test_table_statements_name_only_the_table_and_its_index(template: Template) -> None:
-    for name, granted in statements(template).items():
-        for statement in granted:
-            actions = as_list(statement["Action"])
-            resources = [json.dumps(resource) for resource in as_list(statement["Resource"])]
-            on_table = any(TABLE_RESOURCE in resource for resource in resources)
-            if on_table or any(action.startswith("dynamodb:") for action in actions):
-                assert set(resources) <= {json.dumps(TABLE_ARN), json.dumps(INDEX_ARN)}, name
-                assert all(action.startswith("dynamodb:") for action in actions), name
-
-
-def test_each_principal_has_exactly_its_table_actions(template: Template) -> None:
-    granted = {
-        name: set().union(*(table_access(statement) for statement in principal))
-        for name, principal in statements(template).items()
-    }
-    # Every principal the template declares is pinned here.
-    assert granted == TABLE_ACCESS
-
-
-def test_receipt_and_evidence_never_touch_the_runtime(template: Template) -> None:
-    ids = function_ids(template)
-    granted = statements(template)
-    for name in NEVER_TOUCH_THE_RUNTIME:
-        actions = {a for s in granted[ids[name]] for a in as_list(s["Action"])}
-        assert not {a for a in actions if a.startswith("ecs:") or a == "iam:PassRole"}, name
-        variables = functions(template)[name]["Environment"]["Variables"]
-        assert not env_names(RuntimeSettings) & set(variables), name
-
-
-def test_ecs_permissions_are_scoped_to_the_task_definition_cluster_and_roles(
-    template: Template,
-) -> None:
-    ids = function_ids(template)
-    granted = statements(template)
-    account = "arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}"
-    cluster_tasks = {"Fn::Sub": account + ":task/${SlotCluster}/*"}
-    ecs_or_pass = {
-        name: {
-            action: as_list(statement["Resource"])
-            for statement in granted[ids[name]]
-            for action in as_list(statement["Action"])
-            if action.startswith("ecs:") or action == "iam:PassRole"
-        }
-        for name in ("seed", "idle_sweep")
-    }
-    assert ecs_or_pass["seed"] == {
-        "ecs:RunTask": [{"Ref": TASK_DEFINITION}],
-        "ecs:DescribeTasks": [cluster_tasks],
-        "iam:PassRole": [
-            {"Fn::GetAtt": ["SlotTaskExecutionRole", "Arn"]},
-            {"Fn::GetAtt": ["SlotTaskRole", "Arn"]},
-        ],
-    }
-    assert ecs_or_pass["idle_sweep"] == {
-        "ecs:DescribeTasks": [cluster_tasks],
-        "ecs:StopTask": [cluster_tasks],
-    }
-    for statement in granted[ids["seed"]]:
-        if statement["Action"] == "iam:PassRole":
-            assert statement["Condition"] == {
-                "StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}
-            }
-        if statement["Action"] == "ecs:RunTask":
-            assert statement["Condition"] == {
-                "ArnEquals": {"ecs:cluster": {"Fn::GetAtt": ["SlotCluster", "Arn"]}}
-            }
-
-
-def test_the_r2_secret_is_the_only_secret_read_and_only_when_configured(
-    template: Template,
-) -> None:
-    for name, granted in statements(template).items():
-        for statement in granted:
-            actions = as_list(statement["Action"])
-            if any(action.startswith("secretsmanager:") for action in actions):
-                assert actions == ["secretsmanager:GetSecretValue"], name
-                assert statement["Resource"] == {"Ref": "R2SecretArn"}, name
-    policy = template["Resources"]["R2SecretRead"]
-    assert policy["Condition"] == "HasR2Secret"
-    assert template["Conditions"]["HasR2Secret"] == {
-        "Fn::Not": [{"Fn::Equals": [{"Ref": "R2SecretArn"}, ""]}]
-    }
-    for properties in functions(template).values():
-        assert {"Fn::If": ["HasR2Secret", {"Ref": "R2SecretRead"}, {"Ref": "AWS::NoValue"}]} in (
-            properties["Policies"]
-        )
-
-
 # -- the environment the code reads ------------------------------------------------------
 
 
@@ -530,40 +311,73 @@ def test_every_variable_set_is_one_the_code_reads(template: Template) -> None:
     assert not variables - env_names(*SLOT_TASK_READS)
 
 
+# Which R2 token each function is given: the one that may write only where objects are
+# written or deleted; the read-only one where objects are read (the checkpoint function:
+# a start's GETs, its checkpoint's HEAD).
+R2_TOKENS = {
+    "seed": {"read"},
+    "receipt": {"read"},
+    "slot_evidence": {"read"},
+    "rotation": {"write"},
+    "checkpoint": {"read", "write"},
+    "idle_sweep": {"write"},
+}
+TOKEN_VARIABLES = {"read": "SEEDKEEPER_R2_READ_SECRET_ARN", "write": "SEEDKEEPER_R2_SECRET_ARN"}
+TOKEN_PARAMETERS = {"read": "R2ReadSecretArn", "write": "R2SecretArn"}
+
+
 def test_the_environment_configures_each_function_as_deployed(
-    template: Template, monkeypatch: pytest.MonkeyPatch
+    deployed: Deployed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Resolved with sample parameters, each function's environment validates, names the
-    table, presigns through R2, and gives the runtimes an ECS configuration: subnets and
-    security groups arrive as the JSON lists pydantic-settings parses."""
-    values = sample_values(template)
-    for name, properties in functions(template).items():
+    """As deployed, each function's environment validates, names the table, presigns
+    through R2 with the tokens it is given and no other, and gives the runtimes an ECS
+    configuration: subnets and security groups (the stack's own) arrive as the JSON lists
+    pydantic-settings parses."""
+    for name, reads in READS.items():
+        environment = deployed.environment(name)
         with monkeypatch.context() as scoped:
-            for variable, value in properties["Environment"]["Variables"].items():
-                scoped.setenv(variable, str(resolve(value, values)))
-            assert StoreSettings().table == values[TABLE_RESOURCE], name
+            for variable, value in environment.items():
+                scoped.setenv(variable, value)
+            assert StoreSettings().table == deployed.ref(TABLE_RESOURCE), name
             assert transfer_mode(R2Settings()).mode == "presigned", name
-            if RuntimeSettings not in READS[name]:
+            given = {
+                token for token, variable in TOKEN_VARIABLES.items() if variable in environment
+            }
+            assert given == R2_TOKENS[name], name
+            for token in given:
+                secret = environment[TOKEN_VARIABLES[token]]
+                assert secret == deployed.parameter(TOKEN_PARAMETERS[token]), name
+            if RuntimeSettings not in reads:
                 continue
             runtime = RuntimeSettings()
             assert runtime.runtime == "ecs"
-            assert runtime.cluster == values["SlotCluster"]
-            assert runtime.task_definition == values[TASK_DEFINITION]
-            assert runtime.subnets == tuple(values["SubnetIds"])
-            assert runtime.security_groups == tuple(values["SecurityGroupIds"])
+            assert runtime.cluster == deployed.ref("SlotCluster")
+            if name == "checkpoint":  # it only asks what a task was launched for
+                continue
+            assert runtime.task_definition == deployed.ref(TASK_DEFINITION)
+            assert runtime.subnets == tuple(deployed.parameter("SubnetIds"))
+            assert runtime.security_groups == (deployed.ref("SlotSecurityGroup"),)
             assert runtime.assign_public_ip is False
             if name == "seed":
                 seed = SeedSettings()
                 assert seed.idle_window == 1800
 
 
-def test_without_r2_parameters_the_functions_run_cold(
-    template: Template, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    values = sample_values(template) | {"R2AccountId": "", "R2Bucket": "", "R2SecretArn": ""}
-    for variable, value in functions(template)["receipt"]["Environment"]["Variables"].items():
-        monkeypatch.setenv(variable, str(resolve(value, values)))
-    assert transfer_mode(R2Settings()).mode == "unconfigured"
+def test_without_r2_parameters_the_functions_run_cold(monkeypatch: pytest.MonkeyPatch) -> None:
+    unconfigured = {name: value for name, value in PARAMETERS.items() if not name.startswith("R2")}
+    cold = deploy(parameters=unconfigured)
+    for function in READS:
+        with monkeypatch.context() as scoped:
+            for variable, value in cold.environment(function).items():
+                scoped.setenv(variable, value)
+            assert transfer_mode(R2Settings()).mode == "unconfigured", function
+    # And no principal reads a secret: the policies that would are not made.
+    assert not [
+        name
+        for name, principal in cold.principals.items()
+        for _, document in principal.policies
+        if "secretsmanager" in json.dumps(document)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -590,14 +404,21 @@ def test_the_parameters_the_issue_lists_exist(template: Template) -> None:
         "R2AccountId",
         "R2Bucket",
         "R2SecretArn",
+        "R2ReadSecretArn",
         "SubnetIds",
+        "VpcId",
         "SecurityGroupIds",
+        "AssignPublicIp",
+        "CreateVpcEndpoints",
+        "SeedConcurrency",
+        "CheckpointConcurrency",
         "IdleWindowSeconds",
         "ParkRetentionSeconds",
         "WatchIntervalSeconds",
         "SweepRateMinutes",
         "EphemeralStorageGiB",
-        "SlotImage",
+        "SlotRepository",
+        "SlotImageTag",
     ):
         assert name in parameters, name
     assert parameters["EphemeralStorageGiB"]["MinValue"] == 21
@@ -622,10 +443,11 @@ def test_the_slot_task_is_a_fargate_task_the_runtime_can_address(template: Templ
     container = slot_container(template)
     # RunTask's overrides name the container: it must be the one the runtime addresses.
     assert container["Name"] == RuntimeSettings().container
-    assert container["Image"] == {"Ref": "SlotImage"}
-    assert {"Name": "SEEDKEEPER_TABLE", "Value": {"Ref": TABLE_RESOURCE}} in container[
-        "Environment"
-    ]
+    # Its image is the one repository the execution role may pull from.
+    image = "${AWS::AccountId}.dkr.ecr.${AWS::Region}.${AWS::URLSuffix}/${SlotRepository}"
+    assert container["Image"] == {"Fn::Sub": image + ":${SlotImageTag}"}
+    # No table: the task's record is its API's to read and write.
+    assert not [v for v in container["Environment"] if v["Name"] == "SEEDKEEPER_TABLE"]
     logs = container["LogConfiguration"]
     assert logs["LogDriver"] == "awslogs"
     assert logs["Options"]["awslogs-group"] == {"Ref": "SlotLogGroup"}
@@ -640,17 +462,19 @@ def test_cfn_lint_finds_nothing() -> None:
 
 
 def test_the_slot_task_is_told_where_to_checkpoint_and_how_often_to_look(
-    template: Template, monkeypatch: pytest.MonkeyPatch
+    template: Template, deployed: Deployed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     environment = {v["Name"]: v["Value"] for v in slot_container(template)["Environment"]}
     assert environment["SEEDKEEPER_CHECKPOINT_URL"] == {
         "Fn::GetAtt": [f"{CHECKPOINT}Url", "FunctionUrl"]
     }
     assert environment["SEEDKEEPER_WATCH_INTERVAL"] == {"Ref": "WatchIntervalSeconds"}
-    # Resolved as deployed, the supervisor reads both.
-    values = sample_values(template)
-    for name, value in environment.items():
-        monkeypatch.setenv(name, str(resolve(value, values)))
+    # As deployed, the supervisor reads both.
+    (deployed_container,) = deployed.resources[TASK_DEFINITION]["Properties"][
+        "ContainerDefinitions"
+    ]
+    for variable in deployed_container["Environment"]:
+        monkeypatch.setenv(variable["Name"], str(variable["Value"]))
     settings = CheckpointSettings()
     assert str(settings.checkpoint_url).startswith("https://")
     assert settings.watch_interval == 30
@@ -669,50 +493,12 @@ def test_every_reader_of_the_park_retention_is_given_the_parameter(template: Tem
 # -- the checkpoint function and who may call it ---------------------------------------------
 
 
-def lambda_statements(template: Template) -> dict[str, list[Statement]]:
-    """Every principal's statements that grant a Lambda action."""
-    return {
-        name: [
-            statement
-            for statement in granted
-            if any(action.startswith("lambda:") for action in as_list(statement["Action"]))
-        ]
-        for name, granted in statements(template).items()
-    }
-
-
 def test_the_checkpoint_function_has_an_aws_iam_url(template: Template) -> None:
     properties = template["Resources"][CHECKPOINT]["Properties"]
     assert properties["CodeUri"] == "functions/checkpoint/"
     assert properties["FunctionUrlConfig"] == {"AuthType": "AWS_IAM"}
     output = template["Outputs"]["CheckpointFunctionUrl"]
     assert output["Value"] == {"Fn::GetAtt": [f"{CHECKPOINT}Url", "FunctionUrl"]}
-
-
-def test_the_slot_task_may_invoke_the_checkpoint_function_and_nothing_else(
-    template: Template,
-) -> None:
-    function = {"Fn::GetAtt": [CHECKPOINT, "Arn"]}
-    granted = lambda_statements(template)
-    # Only the task role calls a function; the executor's principal lives outside the stack.
-    assert {name for name, found in granted.items() if found} == {TASK_ROLE}
-    by_action = {
-        action: statement
-        for statement in granted[TASK_ROLE]
-        for action in as_list(statement["Action"])
-    }
-    # Function URLs created since October 2025 need both actions.
-    assert set(by_action) == {"lambda:InvokeFunctionUrl", "lambda:InvokeFunction"}
-    for statement in by_action.values():
-        assert statement["Effect"] == "Allow"
-        assert as_list(statement["Resource"]) == [function]
-    assert by_action["lambda:InvokeFunctionUrl"]["Condition"] == {
-        "StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}
-    }
-    # Only through the URL: the role cannot invoke the function directly.
-    assert by_action["lambda:InvokeFunction"]["Condition"] == {
-        "Bool": {"lambda:InvokedViaFunctionUrl": "true"}
-    }
 
 
 def references(value: Any) -> set[str]:
@@ -734,13 +520,47 @@ def references(value: Any) -> set[str]:
     return set()
 
 
-def test_the_checkpoint_function_needs_nothing_of_the_slot_task(template: Template) -> None:
-    """The task definition names the function's URL and the task role its ARN: the function
-    naming either would be a cycle CloudFormation refuses."""
-    resources = template["Resources"]
-    named = references(resources[CHECKPOINT])
-    named |= set().union(*(references(resources[name]) for name in named if name in resources))
-    assert not named & {TASK_ROLE, TASK_DEFINITION, "SlotTaskExecutionRole", "SeedFunction"}
+def test_no_resource_depends_on_itself_once_sam_has_translated_the_template() -> None:
+    """CloudFormation refuses a stack whose references make a cycle (the task definition
+    names the checkpoint function's URL, the function names the task role, the role's policy
+    names the function...): none in what SAM makes of the template, which adds the URLs,
+    the schedule and their permissions."""
+    _, cloudformation, _ = translated()
+    resources = cloudformation["Resources"]
+    needs = {
+        name: (references(resource) | set(as_list(resource.get("DependsOn", [])))) & set(resources)
+        for name, resource in resources.items()
+    }
+    assert find_cycle(needs) is None
+
+
+def find_cycle(needs: Mapping[str, set[str]]) -> list[str] | None:
+    """A cycle of `needs` (each name → the names it needs), or None."""
+    state: dict[str, str] = {}
+
+    def visit(name: str, path: list[str]) -> list[str] | None:
+        if state.get(name) == "done":
+            return None
+        if state.get(name) == "open":
+            return [*path[path.index(name) :], name]
+        state[name] = "open"
+        for needed in sorted(needs.get(name, ())):
+            cycle = visit(needed, [*path, name])
+            if cycle is not None:
+                return cycle
+        state[name] = "done"
+        return None
+
+    for name in sorted(needs):
+        cycle = visit(name, [])
+        if cycle is not None:
+            return cycle
+    return None
+
+
+def test_the_cycle_check_finds_one() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
 def test_every_function_logs_to_a_log_group_of_its_own(template: Template) -> None:
@@ -757,78 +577,6 @@ def test_every_function_logs_to_a_log_group_of_its_own(template: Template) -> No
     assert functions(template)["checkpoint"]["LoggingConfig"] == {
         "LogGroup": {"Ref": "CheckpointLogGroup"}
     }
-
-
-def test_the_slot_task_puts_only_slot_items(template: Template) -> None:
-    """The task writes a resumed settle's debt beside its slot record, nothing else: a
-    PutItem that could name a resident's key could forge a snapshot record."""
-    puts = [
-        statement
-        for statement in statements(template)[TASK_ROLE]
-        if "dynamodb:PutItem" in as_list(statement["Action"])
-    ]
-    assert [statement["Condition"] for statement in puts] == [
-        {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["SLOT#*"]}}
-    ]
-
-
-EXECUTOR_FUNCTIONS = ("seed", "receipt", "slot_evidence", "rotation")
-
-
-def test_the_executor_policy_grants_both_actions_on_the_executors_urls_only(
-    template: Template,
-) -> None:
-    """Function URLs created since October 2025 take a call only from a principal with both
-    `lambda:InvokeFunctionUrl` and `lambda:InvokeFunction`: the shipped policy has exactly
-    those, on the executor's four functions, the second only through their URLs; never the
-    checkpoint function (the slot task's)."""
-    policy = template["Resources"]["ExecutorPolicy"]
-    assert policy["Type"] == "AWS::IAM::ManagedPolicy"
-    ids = function_ids(template)
-    functions_ = [{"Fn::GetAtt": [ids[name], "Arn"]} for name in EXECUTOR_FUNCTIONS]
-    by_action = {
-        action: statement
-        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
-        for action in as_list(statement["Action"])
-    }
-    assert set(by_action) == {"lambda:InvokeFunctionUrl", "lambda:InvokeFunction"}
-    for statement in by_action.values():
-        assert statement["Effect"] == "Allow"
-        assert as_list(statement["Resource"]) == functions_
-    assert by_action["lambda:InvokeFunctionUrl"]["Condition"] == {
-        "StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}
-    }
-    assert by_action["lambda:InvokeFunction"]["Condition"] == {
-        "Bool": {"lambda:InvokedViaFunctionUrl": "true"}
-    }
-    outputs = template["Outputs"]
-    assert outputs["ExecutorPolicyArn"]["Value"] == {"Ref": "ExecutorPolicy"}
-    for name, function in zip(EXECUTOR_FUNCTIONS, functions_, strict=True):
-        output = "".join(part.capitalize() for part in name.split("_")) + "FunctionArn"
-        assert outputs[output]["Value"] == function, output
-
-
-def test_nothing_else_lets_the_slot_task_invoke_a_function(template: Template) -> None:
-    """Besides its own two statements, nothing widens what the task role may invoke: no
-    function's resource policy, no policy attached to the role from elsewhere, and every
-    Lambda grant in the stack names functions by their ARNs, never "*"."""
-    resources = template["Resources"]
-    # Function URLs are AWS_IAM: callers are granted by their identity policies, never by a
-    # resource policy that could name the task role (or everyone).
-    assert [r for r in resources.values() if r["Type"] == "AWS::Lambda::Permission"] == []
-    for name, resource in resources.items():
-        if resource["Type"] in {"AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"}:
-            assert TASK_ROLE not in json.dumps(resource["Properties"].get("Roles", [])), name
-    assert "ManagedPolicyArns" not in resources[TASK_ROLE]["Properties"]
-    managed = [
-        resource["Properties"]["PolicyDocument"]["Statement"]
-        for resource in resources.values()
-        if resource["Type"] == "AWS::IAM::ManagedPolicy"
-    ]
-    for statement in (s for granted in [*statements(template).values(), *managed] for s in granted):
-        if any(action.startswith("lambda:") for action in as_list(statement["Action"])):
-            for resource in as_list(statement["Resource"]):
-                assert set(resource) == {"Fn::GetAtt"}, resource  # one function's ARN
 
 
 # -- operations: the sweep's dead letters, alarms, the dashboard ---------------------------
@@ -934,6 +682,9 @@ class TaskStates:
     def statuses(self, incarnations: Sequence[str]) -> dict[str, TaskState]:
         return {incarnation: self.states[incarnation] for incarnation in incarnations}
 
+    def launched_for(self, incarnation: str) -> Any:
+        raise AssertionError("the sweep never asks what a task was launched for")
+
     def stop(self, incarnation: str) -> None:
         pass
 
@@ -957,13 +708,12 @@ def rendered(
     """The sweep and the checkpoint function run for real (moto's table) in their functions'
     environment as deployed: Powertools adds dimensions of its own from it (`service`).
     One slot for each thing the sweep counts; one checkpoint recorded failed."""
-    values = sample_values(template)
     for variable in [name for name in os.environ if name.startswith("POWERTOOLS_")]:
         monkeypatch.delenv(variable)
     for folder in ("idle_sweep", "checkpoint"):
-        for variable, value in functions(template)[folder]["Environment"]["Variables"].items():
+        for variable, value in deploy().environment(folder).items():
             if variable.startswith("POWERTOOLS_"):
-                monkeypatch.setenv(variable, str(resolve(value, values)))
+                monkeypatch.setenv(variable, value)
     running = TaskState(TaskStatus.RUNNING)
     rows = {
         "cold": (State.UNSEEDED, running),  # stopped
@@ -991,7 +741,8 @@ def rendered(
         op=CheckpointOp(ordinal=op.ordinal, generation=op.generation),
         reason="capture-timeout",
     )
-    assert isinstance(checkpoints.not_taken(failed), CheckpointNotTaken)
+    caller = Caller(task_id(incarnations["failing"]))  # the failing slot's own task
+    assert isinstance(checkpoints.not_taken(failed, caller), CheckpointNotTaken)
     after = lifecycle.read(failing.slot)
     assert isinstance(after, Supported)
     failed_reason = after.record.retained_reason

@@ -56,7 +56,7 @@ from seedkeeper_tools.demo import run_demo
 from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.listing import Listing, SlotListing
 from seedkeeper_tools.local.docker import DEFAULT_IMAGE
-from seedkeeper_tools.local.gateway import LocalCredentials
+from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.stack import LocalStack
 from seedkeeper_tools.publish import publish
 from seedkeeper_tools.sam_env import serve_sam_env, write_local_template

@@ -44,7 +44,7 @@ from seedkeeper.observability import logger
 from seedkeeper.services.sweep import Report
 from seedkeeper_task.supervisor import CHECKOUT
 from seedkeeper_tools.client import SeedkeeperClient
-from seedkeeper_tools.local.gateway import LocalCredentials
+from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.stack import LocalStack
 from seedkeeper_tools.publish import backup_id_for, head_of, upload_archive

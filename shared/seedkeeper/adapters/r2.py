@@ -87,8 +87,13 @@ def backup_key(backup_id: str) -> str:
 
 
 class R2Settings(BaseSettings):
-    """Where R2 is and whose keys reach it. Every field is optional: without R2 a deployment
-    still runs, cold; `transfer_mode` names what is missing. An empty variable is unset."""
+    """Where R2 is and whose keys reach it: an R2 token that may write (`access_key_id`,
+    `secret_access_key`, or the secret `secret_arn` holding them) and a read-only one
+    (`read_*`). Reads (HEAD, presigned GETs) use the read-only token when there is one, else
+    the other; writes (presigned PUTs, deletes, uploads) only the one that may write. A
+    function that only reads is given only the read-only token (template.yaml). Every field
+    is optional: without R2 a deployment still runs, cold; `transfer_mode` names what is
+    missing. An empty variable is unset."""
 
     model_config = SettingsConfigDict(
         env_prefix="SEEDKEEPER_R2_", extra="ignore", frozen=True, env_ignore_empty=True
@@ -106,6 +111,9 @@ class R2Settings(BaseSettings):
     # Deployed: a Secrets Manager secret, JSON {"access_key_id": ..., "secret_access_key": ...};
     # when set it is the source of the keys.
     secret_arn: Annotated[str, StringConstraints(min_length=1)] | None = None
+    read_access_key_id: Annotated[SecretStr, Field(min_length=1)] | None = None
+    read_secret_access_key: Annotated[SecretStr, Field(min_length=1)] | None = None
+    read_secret_arn: Annotated[str, StringConstraints(min_length=1)] | None = None
     presign_expiry: int = Field(default=900, ge=1, le=_MAX_PRESIGN_EXPIRY)
 
 
@@ -121,13 +129,28 @@ class _Keys:
     secret_access_key: SecretStr
 
 
+Credentials = _Keys | str  # a str is the ARN of the secret holding the keys
+
+
 @dataclass(frozen=True)
 class _Target:
-    """Configured R2: the bucket, its endpoint, and the keys or the secret that holds them."""
+    """Configured R2: the bucket, its endpoint, and each token's keys or the secret that
+    holds them (at least one of the two)."""
 
     bucket: str
     endpoint: str
-    credentials: _Keys | str  # a str is the secret's ARN
+    writer: Credentials | None
+    reader: Credentials | None
+
+
+def _credentials(
+    secret_arn: str | None, access_key_id: SecretStr | None, secret_access_key: SecretStr | None
+) -> Credentials | None:
+    if secret_arn:
+        return secret_arn
+    if access_key_id is None or secret_access_key is None:
+        return None
+    return _Keys(access_key_id, secret_access_key)
 
 
 def _target(settings: R2Settings) -> _Target | tuple[str, ...]:
@@ -135,20 +158,18 @@ def _target(settings: R2Settings) -> _Target | tuple[str, ...]:
     endpoint = settings.endpoint or (
         f"https://{settings.account_id}.r2.cloudflarestorage.com" if settings.account_id else None
     )
-    keys = (
-        _Keys(settings.access_key_id, settings.secret_access_key)
-        if settings.access_key_id is not None and settings.secret_access_key is not None
-        else None
+    writer = _credentials(settings.secret_arn, settings.access_key_id, settings.secret_access_key)
+    reader = _credentials(
+        settings.read_secret_arn, settings.read_access_key_id, settings.read_secret_access_key
     )
-    credentials = settings.secret_arn or keys
-    if settings.bucket is None or endpoint is None or credentials is None:
+    if settings.bucket is None or endpoint is None or (writer is None and reader is None):
         missing = {
             "bucket": settings.bucket is None,
             "account_id or endpoint": endpoint is None,
-            "credentials": credentials is None,
+            "credentials": writer is None and reader is None,
         }
         return tuple(name for name, absent in missing.items() if absent)
-    return _Target(settings.bucket, endpoint, credentials)
+    return _Target(settings.bucket, endpoint, writer, reader)
 
 
 def transfer_mode(settings: R2Settings) -> TransferMode:
@@ -226,19 +247,22 @@ class DeleteReport:
 
 
 class R2:
-    """The bucket's operations, over an injectable S3 client, or what builds one when an
-    operation first needs it."""
+    """The bucket's operations, over injectable S3 clients, or what builds one when an
+    operation first needs it: `client` for everything, or only for what writes when a
+    read-only `reader` is given for what reads."""
 
     def __init__(
         self,
         client: S3Client | Callable[[], S3Client],
         bucket: str,
         *,
+        reader: S3Client | Callable[[], S3Client] | None = None,
         chunk_size: int = _CHUNK_SIZE,
     ) -> None:
         if chunk_size < _MIN_CHUNK_SIZE:
             raise ValueError(f"chunk_size must be at least {_MIN_CHUNK_SIZE} bytes")
         self._client = client
+        self._reader = reader
         self._bucket = bucket
         # Equal parts (R2 requires every part but the last to be the same size); the classic
         # transfer client, whose part size and checksums are the ones configured here.
@@ -262,23 +286,38 @@ class R2:
         if not isinstance(target, _Target):
             raise R2Unconfigured(target)
 
-        def connect() -> S3Client:
-            keys = (
-                target.credentials
-                if isinstance(target.credentials, _Keys)
-                else _keys_from_secret(target.credentials)
-            )
-            return _s3_client(
-                target.endpoint, keys.access_key_id, keys.secret_access_key, session, budget
-            )
+        def connecting(credentials: Credentials | None) -> Callable[[], S3Client]:
+            def connect() -> S3Client:
+                if credentials is None:  # a read-only deployment asked to write
+                    raise R2Unconfigured(("credentials that may write",))
+                keys = (
+                    credentials
+                    if isinstance(credentials, _Keys)
+                    else _keys_from_secret(credentials)
+                )
+                return _s3_client(
+                    target.endpoint, keys.access_key_id, keys.secret_access_key, session, budget
+                )
 
-        return cls(connect, target.bucket)
+            return connect
+
+        reader = connecting(target.reader) if target.reader is not None else None
+        return cls(connecting(target.writer), target.bucket, reader=reader)
 
     @cached_property
     def _s3(self) -> S3Client:
-        # Not cached when building fails: the next operation tries again.
+        """The client that may write. Not cached when building fails: the next operation
+        tries again."""
         client = self._client
         return client() if callable(client) else client
+
+    @cached_property
+    def _s3_reading(self) -> S3Client:
+        """The read-only client, when there is one; else the one that may write."""
+        reader = self._reader
+        if reader is None:
+            return self._s3
+        return reader() if callable(reader) else reader
 
     def presign_get(self, key: str, expires_in: int) -> str:
         """A URL that reads the object (ranges too) without credentials until it expires."""
@@ -315,7 +354,9 @@ class R2:
     ) -> str:
         if not 1 <= expires_in <= _MAX_PRESIGN_EXPIRY:
             raise ValueError(f"expires_in must be 1..{_MAX_PRESIGN_EXPIRY} seconds")
-        return self._s3.generate_presigned_url(
+        # A URL can do what its signer's token may: a GET or HEAD the read-only one's.
+        s3 = self._s3 if operation == "put_object" else self._s3_reading
+        return s3.generate_presigned_url(
             operation,
             Params={"Bucket": self._bucket, "Key": key, **(params or {})},
             ExpiresIn=expires_in,
@@ -326,11 +367,11 @@ class R2:
         one for the whole object); None only when R2 answers that it does not exist."""
         try:
             if checksum:
-                response = self._s3.head_object(
+                response = self._s3_reading.head_object(
                     Bucket=self._bucket, Key=key, ChecksumMode="ENABLED"
                 )
             else:
-                response = self._s3.head_object(Bucket=self._bucket, Key=key)
+                response = self._s3_reading.head_object(Bucket=self._bucket, Key=key)
         except (ClientError, BotoCoreError) as error:
             if isinstance(error, ClientError) and _code(error) in _NOT_FOUND_CODES:
                 return None

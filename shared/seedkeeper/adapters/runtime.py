@@ -21,7 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from seedkeeper.adapters import aws
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
+from seedkeeper.domain.runtime import RUNNING, UNKNOWN, Launch, TaskState, TaskStatus
 from seedkeeper.errors import RuntimeUnavailable
 
 if TYPE_CHECKING:
@@ -43,6 +43,11 @@ class SlotRuntime(Protocol):
         ...
 
     def stop(self, incarnation: str) -> None: ...
+
+    def launched_for(self, incarnation: str) -> Launch | None:
+        """The slot and attempt this runtime launched the task `incarnation` for (its plan);
+        None when it launched no such task, or cannot tell now."""
+        ...
 
 
 # The first uid of the local slot users: one uid (and group) per slot, far above any
@@ -100,8 +105,8 @@ def runtime_from(settings: RuntimeSettings, session: Session | None = None) -> S
             )
     except ImportError as missing:  # the layer alone (`sam local invoke`): no local runtime
         raise RuntimeUnavailable(f"the {settings.runtime} runtime is not installed") from missing
-    if not (settings.cluster and settings.task_definition and settings.subnets):
-        raise RuntimeUnavailable("ecs runtime needs cluster, task_definition and subnets")
+    if not settings.cluster:
+        raise RuntimeUnavailable("ecs runtime needs a cluster")
     return EcsRuntime(aws.client(session or aws.session(), "ecs"), settings)
 
 
@@ -125,7 +130,10 @@ class EcsRuntime:
     def launch(self, plan: SlotPlan) -> str:
         settings = self._settings
         assert settings.cluster is not None
-        assert settings.task_definition is not None
+        # Those that only look at tasks (the sweep's stops aside, the checkpoint function's
+        # DescribeTasks) are given the cluster alone.
+        if not (settings.task_definition and settings.subnets):
+            raise RuntimeUnavailable("ecs runtime needs task_definition and subnets to launch")
         try:
             response = self._ecs.run_task(
                 cluster=settings.cluster,
@@ -206,6 +214,28 @@ class EcsRuntime:
                 said.append(container.get("reason", ""))
         return TaskState.stopped(task.get("stopCode"), "; ".join(part for part in said if part))
 
+    def launched_for(self, incarnation: str) -> Launch | None:
+        """The plan RunTask's container override carried (only the seed function's RunTask
+        sets it), read back with DescribeTasks."""
+        if not incarnation.startswith("arn:"):
+            return None
+        try:
+            response = self._ecs.describe_tasks(
+                cluster=self._settings.cluster or "", tasks=[incarnation]
+            )
+        except (ClientError, BotoCoreError):
+            return None
+        for task in response.get("tasks", []):
+            if task.get("taskArn") != incarnation:
+                continue
+            for container in task.get("overrides", {}).get("containerOverrides", []):
+                if container.get("name") != self._settings.container:
+                    continue
+                for variable in container.get("environment", []):
+                    if variable.get("name") == PLAN_VARIABLE:
+                        return _launch_of(variable.get("value", ""))
+        return None
+
     def stop(self, incarnation: str) -> None:
         try:
             self._ecs.stop_task(
@@ -213,6 +243,14 @@ class EcsRuntime:
             )
         except (ClientError, BotoCoreError) as error:
             raise RuntimeUnavailable(_code(error)) from error
+
+
+def _launch_of(plan: str) -> Launch | None:
+    try:
+        launched = SlotPlan.from_env(plan)
+    except ValueError:
+        return None
+    return Launch(launched.slot, launched.attempt)
 
 
 def _client_token(plan: SlotPlan) -> str:

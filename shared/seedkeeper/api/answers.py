@@ -74,6 +74,8 @@ OUTCOMES: Mapping[str, Status] = {
     "UploadGrant": always(HTTPStatus.OK),
     "CheckpointRecorded": always(HTTPStatus.OK),
     "CheckpointNotTaken": always(HTTPStatus.OK),
+    "TaskRecord": always(HTTPStatus.OK),
+    "TaskWrite": always(HTTPStatus.OK),  # how the task's transition went, refused included
     "Evidence": always(HTTPStatus.OK),
     "SnapshotStatus": always(HTTPStatus.OK),
     "Health": always(HTTPStatus.OK),
@@ -100,6 +102,9 @@ REFUSALS: Mapping[str, HTTPStatus] = {
     "origin-mismatch": HTTPStatus.CONFLICT,
     "slot-closed": HTTPStatus.CONFLICT,
     "record-unsupported": HTTPStatus.CONFLICT,
+    # the slot task's calls: a call its signer's task did not make, or about a slot that
+    # names another task (or none); the same whichever it is
+    "not-this-task": HTTPStatus.FORBIDDEN,
     # a checkpoint (the slot task's calls)
     "checkpoint-not-open": HTTPStatus.CONFLICT,
     "checkpoint-unverified": HTTPStatus.CONFLICT,

@@ -36,6 +36,14 @@ class TaskState:
         return cls(TaskStatus.STOPPED, stop_token(cause), detail[:_DETAIL_MOST])
 
 
+@dataclass(frozen=True)
+class Launch:
+    """What a runtime launched a task for: one attempt of one slot."""
+
+    slot: str
+    attempt: int
+
+
 RUNNING = TaskState(TaskStatus.RUNNING)
 UNKNOWN = TaskState(TaskStatus.UNKNOWN)
 

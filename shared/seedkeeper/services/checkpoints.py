@@ -3,10 +3,11 @@ way to R2. It presigns the PUT of one checkpoint, verifies what was uploaded and
 or records why no checkpoint was taken.
 
 Each call names the slot, the incarnation and the open `checkpoint` operation it works for;
-each is checked against the record as read, and every write is conditional on the same
-(`seedkeeper.store.lifecycle`). The object's key is derived from the record, never taken
-from the caller. A slot that is absent or names another incarnation is one refusal,
-`no-match`.
+the incarnation must be the task that signed the call (`Caller`), each is checked against the
+record as read, and every write is conditional on the same (`seedkeeper.store.lifecycle`).
+The object's key is derived from the record, never taken from the caller. A slot that is
+absent or names another incarnation, and a call the named task did not sign, are one
+refusal, `not-this-task`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pydantic import Field
 
 from seedkeeper.adapters.r2 import R2, ObjectFacts
 from seedkeeper.domain import transitions
+from seedkeeper.domain.caller import NOT_THIS_TASK, Caller
 from seedkeeper.domain.checkpoints import (
     MAX_CHECKPOINT_BYTES,
     RetentionSettings,
@@ -26,10 +28,11 @@ from seedkeeper.domain.checkpoints import (
     new_checkpoint,
 )
 from seedkeeper.domain.models import Incarnation, Model, SlotId
-from seedkeeper.domain.opwindow import Actor, OpKind, OpRef
+from seedkeeper.domain.opwindow import OpKind
 from seedkeeper.domain.outcomes import CheckpointNotTaken, CheckpointRecorded, UploadGrant
 from seedkeeper.domain.record import Checkpoint, SlotRecord, State, Supported
 from seedkeeper.domain.refused import Refused
+from seedkeeper.domain.task_api import TaskOp
 from seedkeeper.observability import METRICS_NAMESPACE, logger
 from seedkeeper.store.lifecycle import Conflict, Lifecycle
 
@@ -37,16 +40,8 @@ Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Md5 = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
 
 
-class CheckpointOp(Model):
-    """The slot task's `checkpoint` operation, by its ordinal and generation (the actor is
-    always the slot task)."""
-
-    ordinal: Annotated[int, Field(ge=1)]
-    generation: Annotated[int, Field(ge=1)]
-
-    @property
-    def ref(self) -> OpRef:
-        return OpRef(ordinal=self.ordinal, actor=Actor.SLOT_TASK, generation=self.generation)
+# The slot task's `checkpoint` operation.
+CheckpointOp = TaskOp
 
 
 class CheckpointCall(Model):
@@ -69,7 +64,7 @@ class NotTaken(CheckpointCall):
 
 
 # What the checkpoint routes refuse with besides the request's own refusals.
-REFUSALS = ("no-match", "checkpoint-not-open", "checkpoint-unverified", "r2-unconfigured")
+REFUSALS = (NOT_THIS_TASK, "checkpoint-not-open", "checkpoint-unverified", "r2-unconfigured")
 
 
 class CheckpointService:
@@ -88,11 +83,11 @@ class CheckpointService:
         self._presign_expiry = presign_expiry
         self._clock = clock
 
-    def upload(self, call: Captured) -> UploadGrant | Refused:
+    def upload(self, call: Captured, caller: Caller) -> UploadGrant | Refused:
         """A presigned PUT for this op's key, only while its checkpoint is open: the slot
         being checkpointed, or seeded again by a poll while its sandbox is still frozen (a
         task the platform is stopping never resumes it, and finishes what it captured)."""
-        record = self._record(call)
+        record = self._record(call, caller)
         if isinstance(record, Refused):
             return record
         frozen_still = record.state is State.SEEDED and record.frozen_at is not None
@@ -111,11 +106,11 @@ class CheckpointService:
             key=key, url=put.url, headers=put.headers, expires_in=self._presign_expiry
         )
 
-    def record(self, call: Captured) -> CheckpointRecorded | Refused:
+    def record(self, call: Captured, caller: Caller) -> CheckpointRecorded | Refused:
         """Verify the uploaded object against what the task captured, then record it,
         settling the op: `checkpointed` (or still `seeded`, when a poll came back). Asked
         again for a checkpoint already recorded (its answer was lost), the same answer."""
-        record = self._read(call)
+        record = self._read(call, caller)
         if isinstance(record, Refused):
             return record
         if _already_recorded(record, call):
@@ -147,22 +142,26 @@ class CheckpointService:
             checkpoint=checkpoint, upload=call.op.ref, now=self._clock()
         )
         outcome = self._lifecycle.apply(
-            call.slot, transitions.RECORD_CHECKPOINT, uploaded, as_read=record
+            call.slot,
+            transitions.RECORD_CHECKPOINT,
+            uploaded,
+            as_read=record,
+            guard=_its(call),
         )
         if isinstance(outcome, Refused | Conflict):
             return _refused(outcome)
         logger.info("checkpoint recorded", slot=call.slot, size=facts.size)
         return _recorded(outcome.record, checkpoint)
 
-    def not_taken(self, call: NotTaken) -> CheckpointNotTaken | Refused:
+    def not_taken(self, call: NotTaken, caller: Caller) -> CheckpointNotTaken | Refused:
         """The task could not checkpoint (and has resumed its sandbox): the slot is seeded
         again, asked again after a backoff, the failure counted."""
-        record = self._record(call)
+        record = self._record(call, caller)
         if isinstance(record, Refused):
             return record
         failed = transitions.CheckpointFailed(op=call.op.ref, reason=call.reason, now=self._clock())
         outcome = self._lifecycle.apply(
-            call.slot, transitions.CHECKPOINT_FAILED, failed, as_read=record
+            call.slot, transitions.CHECKPOINT_FAILED, failed, as_read=record, guard=_its(call)
         )
         if isinstance(outcome, Refused | Conflict):
             return _refused(outcome)
@@ -175,21 +174,26 @@ class CheckpointService:
             slot=call.slot, state=outcome.record.state.value, retry_at=outcome.record.idle_deadline
         )
 
-    def _record(self, call: CheckpointCall) -> SlotRecord | Refused:
+    def _record(self, call: CheckpointCall, caller: Caller) -> SlotRecord | Refused:
         """The slot's record, when it names this incarnation and has this op open as its
-        attempt's checkpoint; the one `no-match` otherwise (nothing disclosed)."""
-        record = self._read(call)
+        attempt's checkpoint; the one `not-this-task` otherwise (nothing disclosed)."""
+        record = self._read(call, caller)
         if isinstance(record, Refused):
             return record
         return _not_open(record, call) or record
 
-    def _read(self, call: CheckpointCall) -> SlotRecord | Refused:
+    def _read(self, call: CheckpointCall, caller: Caller) -> SlotRecord | Refused:
+        if not caller.is_task(call.incarnation):
+            return Refused(NOT_THIS_TASK)
         classified = self._lifecycle.read(call.slot)
         if not isinstance(classified, Supported):
-            return Refused("no-match")
-        if classified.record.incarnation != call.incarnation:
-            return Refused("no-match")
-        return classified.record
+            return Refused(NOT_THIS_TASK)
+        return _its(call)(classified.record) or classified.record
+
+
+def _its(call: CheckpointCall) -> Callable[[SlotRecord], Refused | None]:
+    """Refuses a record that does not name the call's incarnation, each time one is read."""
+    return lambda record: None if record.incarnation == call.incarnation else Refused(NOT_THIS_TASK)
 
 
 def _not_open(record: SlotRecord, call: CheckpointCall) -> Refused | None:
@@ -249,6 +253,6 @@ def _refused(outcome: Refused | Conflict) -> Refused:
     """A transition's refusal as the caller sees it: the record moved on, the op closed."""
     if isinstance(outcome, Conflict):
         return Refused("checkpoint-not-open", "the record kept moving")
-    if outcome.reason in {"incarnation-mismatch", "claim-mismatch"}:
-        return Refused("no-match")
+    if outcome.reason in {NOT_THIS_TASK, "incarnation-mismatch", "claim-mismatch"}:
+        return Refused(NOT_THIS_TASK)
     return Refused("checkpoint-not-open", outcome.reason)

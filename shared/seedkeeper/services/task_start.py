@@ -3,11 +3,16 @@ started, names its slot, attempt, operation and its own incarnation, and is answ
 presigned GETs it restores from. URLs never travel in RunTask's overrides, where
 DescribeTasks readers and CloudTrail would see live bearer URLs.
 
-The first task to start for an attempt is that attempt's incarnation: recorded here when the
-seed function has not recorded one yet (RECORD_INCARNATION, conditional on the attempt).
-So a second task of one attempt (a RunTask client token that aged out, a relaunch racing
-its first launch) is refused, restores nothing and exits. Anything that is not this
-attempt's task hears one refusal, `no-match`, and learns nothing more.
+Only the attempt's own task is answered. The incarnation it names must be the one that signed
+the call (`Caller`: its task role session is named after its task id). When the record names
+it, that is the attempt's task. When the record names no task yet (the seed function records
+the one RunTask answered, after RunTask answers), the runtime must say it launched this task
+for this slot's attempt (the plan in RunTask's override, read back with DescribeTasks): then
+it is recorded here (RECORD_INCARNATION, conditional on the attempt). So a second task of one
+attempt (a RunTask client token that aged out, a relaunch racing its first launch) is
+refused, restores nothing and exits, and another slot's task, holding the same role, can
+never take this attempt. Anyone else hears one refusal, `not-this-task`, and learns nothing
+more.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ from pydantic import Field
 
 from seedkeeper.adapters.r2 import R2, backup_key
 from seedkeeper.domain import transitions
+from seedkeeper.domain.caller import NOT_THIS_TASK, Caller
 from seedkeeper.domain.models import Incarnation, Model, SlotId
 from seedkeeper.domain.opwindow import OpKind
 from seedkeeper.domain.outcomes import GrantedArchive, RestoreGrant
 from seedkeeper.domain.record import Checkpoint, SlotRecord, State, Supported
 from seedkeeper.domain.refused import Refused
+from seedkeeper.domain.runtime import Launch
 from seedkeeper.domain.snapshots import Archive
 from seedkeeper.domain.transitions import Acknowledged
 from seedkeeper.observability import logger
@@ -31,7 +38,7 @@ from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper.store.snapshots import SnapshotStore
 
 # What `/tasks/start` refuses with besides the request's own refusals.
-REFUSALS = ("no-match", "seed-missing", "r2-unconfigured")
+REFUSALS = (NOT_THIS_TASK, "seed-missing", "r2-unconfigured")
 
 
 class StartedOp(Model):
@@ -64,7 +71,7 @@ def not_this_attempt(record: SlotRecord, call: TaskStart) -> Refused | None:
         and (expected is OpKind.LAUNCH or not entry.settled)
         and record.incarnation in {None, call.incarnation}
     )
-    return None if live else Refused("no-match")
+    return None if live else Refused(NOT_THIS_TASK)
 
 
 class TaskStarts:
@@ -74,24 +81,32 @@ class TaskStarts:
         lifecycle: Lifecycle,
         snapshots: SnapshotStore,
         r2: R2 | None,
+        launched_for: Callable[[str], Launch | None],
         presign_expiry: int,
         clock: Callable[[], int],
     ) -> None:
+        """`launched_for`: what the slot runtime launched a task for (`SlotRuntime`)."""
         self._lifecycle = lifecycle
         self._snapshots = snapshots
+        self._launched_for = launched_for
         self._r2 = r2
         self._presign_expiry = presign_expiry
         self._clock = clock
 
-    def start(self, call: TaskStart) -> RestoreGrant | Refused:
+    def start(self, call: TaskStart, caller: Caller) -> RestoreGrant | Refused:
+        if not caller.is_task(call.incarnation):
+            return Refused(NOT_THIS_TASK)
         classified = self._lifecycle.read(call.slot)
         if not isinstance(classified, Supported):
-            return Refused("no-match")
+            return Refused(NOT_THIS_TASK)
         record = classified.record
         refused = not_this_attempt(record, call)
         if refused is not None:
             return refused
         if record.incarnation is None:
+            if self._launched_for(call.incarnation) != Launch(call.slot, call.attempt):
+                logger.warning("task start: not launched for this attempt", slot=call.slot)
+                return Refused(NOT_THIS_TASK)
             entry = record.window.entry(call.op.ordinal)
             assert entry is not None  # not_this_attempt found it
             launched = transitions.Launched(
@@ -101,7 +116,7 @@ class TaskStarts:
                 call.slot, transitions.RECORD_INCARNATION, launched, as_read=record
             )
             if not isinstance(outcome, Written | Acknowledged):
-                return Refused("no-match")  # another task of the attempt came first, or it moved
+                return Refused(NOT_THIS_TASK)  # another task of the attempt came first, or it moved
             record = outcome.record
             refused = not_this_attempt(record, call)
             if refused is not None:

@@ -11,7 +11,7 @@ caller re-decides on it. Nothing here retries blindly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
@@ -327,15 +327,21 @@ class Lifecycle(Records):
         *,
         as_read: SlotRecord | None = None,
         rounds: int = 4,
+        guard: Callable[[SlotRecord], Refused | None] | None = None,
     ) -> Outcome:
         """Decide and write `transition` on the record (`as_read` when the caller already
         holds it, else read now), re-deciding on the newer record when someone moved first
         (a poll's touch, say). A `Conflict` comes back only when the record is not one this
-        code may write, or it kept moving for `rounds` writes."""
+        code may write, or it kept moving for `rounds` writes. `guard` refuses a record
+        before anything is decided on it, each time one is read: the write is conditional
+        on the record as read, so what it checked still holds when the write lands."""
         current: Classified = Supported(as_read) if as_read is not None else self.read(slot)
         for _ in range(rounds):
             if not isinstance(current, Supported):
                 break
+            refused = guard(current.record) if guard is not None else None
+            if refused is not None:
+                return refused
             outcome = self.write(transition, current.record, params)
             if not isinstance(outcome, Conflict):
                 return outcome

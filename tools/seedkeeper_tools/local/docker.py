@@ -6,8 +6,9 @@ A container gets what the ECS task gets: the task definition's environment and w
 sets, the plan as the RunTask override, the image's user, `/workspace` in the container's
 own writable layer (Fargate's ephemeral storage: gone when the task is), an init process
 (the task definition's `InitProcessEnabled`), and on stop SIGTERM, then SIGKILL after the
-task definition's `StopTimeout`. Only the task role differs: the store's keys stand in for
-it. Containers use the host's network, where the local gateway and store listen.
+task definition's `StopTimeout`. Only the task role differs: keys of the task's own stand in
+for its session of it (`principals.TaskKeys`), good at the checkpoint function alone.
+Containers use the host's network, where the local gateway listens.
 
 Launching is idempotent per attempt: the container's name is the attempt's, and Docker
 creates a name once. A stopped container is kept (ECS keeps a stopped task visible, and a
@@ -29,16 +30,15 @@ from typing import Any
 
 from seedkeeper.adapters.runtime import not_a_credential, started_by
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
+from seedkeeper.domain.runtime import RUNNING, UNKNOWN, Launch, TaskState, TaskStatus
 from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.observability import logger
 from seedkeeper_tools.infra import load_template
+from seedkeeper_tools.local.principals import TaskKeys
 
 DEFAULT_IMAGE = "seedkeeper-slot-task:local"
-# What ECS sets in every Fargate container (the task role's credentials endpoint aside),
-# and the local stand-ins for the task role and the table's endpoint.
+# What ECS sets in every Fargate container (the task role's credentials endpoint aside).
 ECS_ENVIRONMENT = ("AWS_REGION", "AWS_DEFAULT_REGION")
-TASK_ROLE_STAND_IN = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "SEEDKEEPER_DYNAMODB_ENDPOINT")
 # What a deployment may add to the task definition (a sandbox command, restore tuning);
 # passed on when the local stack's environment sets it.
 TASK_DEFINITION_OPTIONS = (
@@ -84,6 +84,7 @@ class DockerRuntime:
         self._passthrough = not_a_credential(passthrough)
         # This data directory's containers (one stack's), by label and name prefix.
         self._stack = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:10]
+        self._keys = TaskKeys(data_dir)
 
     def check(self) -> None:
         """Raises RuntimeUnavailable, saying why, unless the engine answers and has the image."""
@@ -145,6 +146,19 @@ class DockerRuntime:
                     states[names[name]] = _task_state(container.get("State") or {})
         return states
 
+    def launched_for(self, incarnation: str) -> Launch | None:
+        """The attempt this stack's container `incarnation` was launched for: its name ends
+        in the attempt, and its label names the slot (the name may hold only a digest)."""
+        name = self._container(incarnation)
+        if name is None:
+            return None
+        result = _docker(
+            ["docker", "inspect", "--format", '{{index .Config.Labels "seedkeeper.slot"}}', name]
+        )
+        if result.returncode != 0:
+            return None
+        return Launch(result.stdout.strip(), int(name.rsplit("-", 1)[1]))
+
     def stop(self, incarnation: str) -> None:
         """`docker stop`: SIGTERM, SIGKILL after the stop timeout; returns once the
         container has exited (ECS answers at once and stops the task later)."""
@@ -179,6 +193,7 @@ class DockerRuntime:
         with ThreadPoolExecutor(len(batches)) as pool:
             list(pool.map(self._stop_containers, batches))
         _docker(["docker", "rm", "--force", *containers])
+        self._keys.revoke_all()
         logger.info("slot containers stopped and removed", count=len(containers))
 
     def _stop_containers(self, containers: list[str]) -> subprocess.CompletedProcess[str]:
@@ -207,15 +222,17 @@ class DockerRuntime:
         names = (
             *self._definition_names,
             *ECS_ENVIRONMENT,
-            *TASK_ROLE_STAND_IN,
             *TASK_DEFINITION_OPTIONS,
             *self._passthrough,
         )
         environment = {name: os.environ[name] for name in names if name in os.environ}
+        keys = self._keys.issue(incarnation)
         return environment | {
             "AWS_EXECUTION_ENV": "AWS_ECS_FARGATE",
             PLAN_VARIABLE: plan.to_env(),
             "SEEDKEEPER_INCARNATION": incarnation,
+            "AWS_ACCESS_KEY_ID": keys.access_key,
+            "AWS_SECRET_ACCESS_KEY": keys.secret_key,
         }
 
 

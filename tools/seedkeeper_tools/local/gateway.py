@@ -2,10 +2,13 @@
 SigV4 signature, builds the event Lambda would build (payload format 2.0), and hands it
 to the same handler module that runs in AWS.
 
-Two principals sign, as in a deployment: the executor, whose credentials are accepted on
-every route but the checkpoint function's, and the slot task role, whose credentials are
-accepted on that route alone (template.yaml lets the role invoke that one function). A
-request signed by the other principal is refused like any bad signature.
+Two kinds of principal sign, as in a deployment: the executor, whose credentials are accepted
+on every route but the checkpoint function's, and the slot tasks, each with keys of its own
+(`principals.TaskKeys`: a session of the slot task role each), accepted on that route alone
+(template.yaml lets the role invoke that one function). The event names the session that
+signed, as Lambda names an ECS task's (the role, then the task's id), and the checkpoint
+function acts only for that task. A request signed by anyone else is refused like any bad
+signature.
 
 It refuses what a function URL refuses, and answers every refusal in JSON: a body framed
 any way but one decimal Content-Length that arrives in full, a repeated Host, any method
@@ -43,7 +46,15 @@ from urllib.parse import parse_qsl, urlsplit
 from seedkeeper.api.answers import ErrorAnswer
 from seedkeeper.observability import logger
 from seedkeeper_tools.infra import FUNCTIONS
-from seedkeeper_tools.local.sigv4 import verify
+from seedkeeper_tools.local.principals import (
+    ACCOUNT,
+    EXECUTOR_ARN,
+    LocalCredentials,
+    TaskKeys,
+    acting_as,
+    task_session_arn,
+)
+from seedkeeper_tools.local.sigv4 import signing_key_id, verify
 
 # Lambda function URLs take up to 6 MB; Seedkeeper's bodies are small JSON documents.
 MAX_BODY = 256 * 1024
@@ -60,9 +71,6 @@ ROUTES = (
 )
 # The functions only the slot task role may invoke, and it no other.
 TASK_FUNCTIONS = frozenset({"checkpoint"})
-ACCOUNT = "000000000000"
-TASK_ROLE_ARN = f"arn:aws:sts::{ACCOUNT}:assumed-role/seedkeeper-slot-task/local"
-EXECUTOR_ARN = f"arn:aws:iam::{ACCOUNT}:user/local"
 # A client that stops sending for this long gets its answer (or its connection closed).
 REQUEST_TIMEOUT = 10.0
 # Digits only (no sign, `_` or base prefix that int() would take), few enough that int()
@@ -73,12 +81,6 @@ _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
 NOT_FOUND = ErrorAnswer(error="not-found").model_dump_json().encode()
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class LocalCredentials:
-    access_key: str
-    secret_key: str
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ class LocalContext:
 
 
 def load_handler(name: str) -> Handler:
-    """functions/<name>/app.py's `lambda_handler`, loaded under its own module name."""
+    """functions/<name>/app.py's `lambda_handler`, loaded under its own module name; each
+    invocation acting as that function (`principals.acting_as`: what its role must allow)."""
     spec = importlib.util.spec_from_file_location(
         f"seedkeeper_functions.{name}", FUNCTIONS / name / "app.py"
     )
@@ -123,7 +126,12 @@ def load_handler(name: str) -> Handler:
     module: ModuleType = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     handler: Handler = module.lambda_handler
-    return handler
+
+    def as_its_role(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        with acting_as(name):
+            return handler(event, context)
+
+    return as_its_role
 
 
 class FunctionUrlGateway(http.server.ThreadingHTTPServer):
@@ -136,20 +144,15 @@ class FunctionUrlGateway(http.server.ThreadingHTTPServer):
         port: int,
         credentials: LocalCredentials,
         *,
-        task_credentials: LocalCredentials | None = None,
+        task_keys: TaskKeys | None = None,
         region: str,
         request_timeout: float = REQUEST_TIMEOUT,
     ) -> None:
-        """`credentials` are the executor's; `task_credentials` stand in for the slot task
-        role (None: no one may call the checkpoint function)."""
+        """`credentials` are the executor's; `task_keys` the slot tasks' (None: no one may
+        call the checkpoint function)."""
         self.credentials = credentials
-        self.task_credentials = task_credentials
+        self.task_keys = task_keys
         self._executor = Principal(credentials, EXECUTOR_ARN, "local")
-        self._task = (
-            None
-            if task_credentials is None
-            else Principal(task_credentials, TASK_ROLE_ARN, "AROALOCALSLOTTASK:local")
-        )
         self.region = region  # a signature scoped to any other region is refused
         self.request_timeout = request_timeout
         self.handlers = {name: load_handler(name) for _, name in ROUTES}
@@ -197,10 +200,18 @@ class FunctionUrlGateway(http.server.ThreadingHTTPServer):
                 return name
         return None
 
-    def principal(self, function: str | None) -> Principal | None:
+    def principal(self, function: str | None, authorization: str) -> Principal | None:
         """Whose signature `function` takes (a path no function serves takes the executor's,
-        as every other route does); None when no one may call it."""
-        return self._task if function in TASK_FUNCTIONS else self._executor
+        as every other route does): a slot task's, the one whose keys `authorization` names;
+        None when no one may call it so."""
+        if function not in TASK_FUNCTIONS:
+            return self._executor
+        key = signing_key_id(authorization)
+        found = self.task_keys.find(key) if self.task_keys is not None and key else None
+        if found is None:
+            return None
+        keys, session = found
+        return Principal(keys, task_session_arn(session), f"AROALOCALSLOTTASK:{session}")
 
 
 class _Request(http.server.BaseHTTPRequestHandler):
@@ -241,7 +252,7 @@ class _Request(http.server.BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         function = self.server.route(path)
         # Each route takes one principal's signature: another's is a wrong credential.
-        principal = self.server.principal(function)
+        principal = self.server.principal(function, self.headers.get("Authorization", ""))
         refused = "no-principal" if principal is None else self._refusal(principal, body)
         if principal is None or refused is not None:
             logger.info("local gateway refused a request", why=refused, function=function)

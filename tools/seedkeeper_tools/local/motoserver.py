@@ -8,6 +8,9 @@ still interleave freely, and each one is atomic, the guarantee the lifecycle mod
 moto itself takes any request. Given credentials, the server answers only what DynamoDB
 and R2 would: requests SigV4-signed with them, in the Authorization header or as a
 presigned URL (the local stack's store is on a loopback port its slot sandboxes can find).
+Given read-only credentials too, it takes those as R2 takes an Object Read token: for
+reading an object (GET, HEAD), never for a write, a delete or anything of the bucket's, and
+never for DynamoDB.
 The body is read and checked before the one-at-a-time lock is taken, so a client that
 stalls or sends too much holds up only itself.
 
@@ -55,11 +58,12 @@ from werkzeug.wsgi import get_input_stream
 
 from seedkeeper.domain.checkpoints import MAX_CHECKPOINT_BYTES
 from seedkeeper.observability import logger
-from seedkeeper_tools.local.gateway import LocalCredentials
+from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.sigv4 import (
     QUERY_CREDENTIALS,
     S3,
     signed_scope,
+    signing_key_id,
     verify,
     verify_presigned,
 )
@@ -93,12 +97,14 @@ class AtomicMotoServer:
         port: int = 0,
         *,
         credentials: LocalCredentials | None = None,
+        read_only: LocalCredentials | None = None,
         region: str = "us-east-1",
         expire_every: float | None = None,
     ) -> None:
         """Without credentials any request is served (the test suite's own stores); with
-        them only signed ones, DynamoDB's for `region` and R2's for its one region. With
-        `expire_every`, expired items are deleted every that many seconds."""
+        them only signed ones, DynamoDB's for `region` and R2's for its one region, and with
+        `read_only` ones too, object reads signed with those. With `expire_every`, expired
+        items are deleted every that many seconds."""
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
         app = DomainDispatcherApplication(create_backend_app)
         self._one_at_a_time = threading.Lock()
@@ -116,7 +122,9 @@ class AtomicMotoServer:
         wsgi: WsgiApp = atomic
         handler: type[MotoRequestHandler] = MotoRequestHandler
         if credentials is not None:
-            wsgi = _SignedOnly(atomic, credentials, {"dynamodb": region, S3: R2_REGION})
+            wsgi = _SignedOnly(
+                atomic, credentials, {"dynamodb": region, S3: R2_REGION}, read_only=read_only
+            )
             handler = _BoundedRequestHandler
         self._server: BaseWSGIServer = make_server(
             host, port, wsgi, threaded=True, request_handler=handler
@@ -304,14 +312,41 @@ class _BoundedRequestHandler(MotoRequestHandler):
 
 class _SignedOnly:
     """WSGI middleware: passes on only requests signed with `credentials`, for a service
-    in `regions` (service → the one region its signatures may name); refuses the rest."""
+    in `regions` (service → the one region its signatures may name), or object reads signed
+    with `read_only`; refuses the rest."""
 
     def __init__(
-        self, app: WsgiApp, credentials: LocalCredentials, regions: Mapping[str, str]
+        self,
+        app: WsgiApp,
+        credentials: LocalCredentials,
+        regions: Mapping[str, str],
+        *,
+        read_only: LocalCredentials | None = None,
     ) -> None:
         self._app = app
         self._credentials = credentials
+        self._read_only = read_only
         self._regions = dict(regions)
+
+    def _signer(
+        self, key: str | None, environ: dict[str, Any], service: str
+    ) -> LocalCredentials | tuple[HTTPStatus, str]:
+        """The credentials the request says signed it, when they may make it: the read-only
+        ones for an object's GET or HEAD on R2 alone (no query: nothing of the bucket's)."""
+        if key == self._credentials.access_key:
+            return self._credentials
+        if self._read_only is None or key != self._read_only.access_key:
+            return self._credentials  # checked as the store's, so refused as a bad signature
+        path = environ.get("PATH_INFO", "")
+        reads_an_object = (
+            service == S3
+            and environ["REQUEST_METHOD"] in {"GET", "HEAD"}
+            and len([part for part in path.split("/") if part]) >= 2
+            and not _bucket_query(environ)
+        )
+        if not reads_an_object:
+            return HTTPStatus.FORBIDDEN, "read-only-token"
+        return self._read_only
 
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]
@@ -333,7 +368,6 @@ class _SignedOnly:
         host = next((value for name, value in headers if name.lower() == "host"), "")
         url = f"http://{host}{target}"
         now = datetime.now(UTC)
-        credentials = self._credentials
         query_names = {
             unquote(pair.partition("=")[0]) for pair in urlsplit(target).query.split("&")
         }
@@ -341,6 +375,9 @@ class _SignedOnly:
         if query_names & QUERY_CREDENTIALS:
             if authorization is not None:
                 return HTTPStatus.FORBIDDEN, "two-signatures"  # which one counts?
+            credentials = self._signer(_presigned_key(target), environ, S3)
+            if isinstance(credentials, tuple):
+                return credentials
             why = verify_presigned(
                 method=environ["REQUEST_METHOD"],
                 url=url,
@@ -360,6 +397,9 @@ class _SignedOnly:
         service, _ = scope
         if service not in self._regions:
             return HTTPStatus.FORBIDDEN, "wrong-scope"
+        credentials = self._signer(signing_key_id(authorization or ""), environ, service)
+        if isinstance(credentials, tuple):
+            return credentials
         body = _read_body(environ)
         if isinstance(body, tuple):
             return body
@@ -375,6 +415,27 @@ class _SignedOnly:
             service=service,
         )
         return (HTTPStatus.FORBIDDEN, why) if why else None
+
+
+def _presigned_key(target: str) -> str | None:
+    """The access key a presigned URL's X-Amz-Credential names."""
+    for pair in urlsplit(target).query.split("&"):
+        name, _, value = pair.partition("=")
+        if unquote(name) == "X-Amz-Credential":
+            return unquote(value).split("/", 1)[0]
+    return None
+
+
+def _bucket_query(environ: dict[str, Any]) -> bool:
+    """Whether the request asks for something of the bucket's (a subresource such as
+    `?lifecycle`, `?acl`, `?uploads`), not the object's bytes: any query name that is not a
+    presigned URL's own."""
+    names = {
+        unquote(pair.partition("=")[0])
+        for pair in urlsplit(environ.get("RAW_URI", "")).query.split("&")
+        if pair
+    }
+    return bool(names - QUERY_CREDENTIALS - {"x-id"})
 
 
 def _read_body(environ: dict[str, Any]) -> bytes | tuple[HTTPStatus, str]:
@@ -440,8 +501,12 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the stack's to act on
     settings = json.loads(sys.stdin.readline())
     make_moto_cheaper()
+    read_only = settings.get("read_only")
     server = AtomicMotoServer(
         credentials=LocalCredentials(settings["access_key"], settings["secret_key"]),
+        read_only=LocalCredentials(read_only["access_key"], read_only["secret_key"])
+        if read_only
+        else None,
         region=settings["region"],
         expire_every=settings["expire_every"],
     ).start()

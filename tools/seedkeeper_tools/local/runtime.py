@@ -33,14 +33,16 @@ from pathlib import Path
 
 from seedkeeper.adapters.runtime import SLOT_UIDS_FROM, not_a_credential
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
-from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
+from seedkeeper.domain.runtime import RUNNING, UNKNOWN, Launch, TaskState, TaskStatus
 from seedkeeper.observability import logger
 from seedkeeper_task.restore.extract import remove_tree
 from seedkeeper_task.sandbox import end_user_processes, let_slot_user_reach
+from seedkeeper_tools.local.principals import TaskKeys
 
 # What an ECS slot task is given (template.yaml's SlotTaskDefinition, the image's ENV, what
-# ECS sets), read from the local stack's environment: the store's keys stand in for the
-# task role. Never an R2 key, a session token or any other SEEDKEEPER_* setting.
+# ECS sets), read from the local stack's environment; and keys of its own, its session of the
+# task role (`principals.TaskKeys`), for the checkpoint function only. Never the store's
+# keys, an R2 key, a session token or any other SEEDKEEPER_* setting.
 LOCAL_TASK_ENVIRONMENT = (
     "PATH",
     "HOME",
@@ -50,20 +52,15 @@ LOCAL_TASK_ENVIRONMENT = (
     "TZ",
     "PYTHONUNBUFFERED",
     "PYTHONPATH",  # reaches the supervisor (tests load a sitecustomize), never the sandbox
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
     "AWS_DEFAULT_REGION",
     "AWS_REGION",
-    "SEEDKEEPER_TABLE",
-    "SEEDKEEPER_DYNAMODB_ENDPOINT",
-    "SEEDKEEPER_SWEEP_SHARDS",
     "SEEDKEEPER_RESTORE_TIMEOUT",
     "SEEDKEEPER_DOWNLOAD_PARTS",
     "SEEDKEEPER_DOWNLOAD_STALL_TIMEOUT",
     "SEEDKEEPER_DOWNLOAD_RETRIES",
     "SEEDKEEPER_SANDBOX_COMMAND",
-    # The checkpoint function (the local gateway, which takes the store's keys there only)
-    # and how often the task reads its record for a checkpoint request.
+    # The checkpoint function (the local gateway, which takes the task's own keys there
+    # only) and how often the task reads its record for a checkpoint request.
     "SEEDKEEPER_CHECKPOINT_URL",
     "SEEDKEEPER_WATCH_INTERVAL",
     # A platform stop's checkpoint budget, and how long a lost slot's record is kept.
@@ -82,6 +79,8 @@ KILL_WAIT = 5.0
 # A stack's exit gives its tasks this long: its store, in memory, goes with it, so nothing a
 # stopping task would write there is kept.
 EXIT_GRACE = 2.0
+# Where a root runtime claims its slot users' uids, machine-wide: root's, in tmpfs.
+UID_CLAIMS = Path("/run/seedkeeper/slot-uids")
 # Stopped tasks' workspaces removed side by side: removing a tree mostly waits on the disk
 # (20 checkouts of 5,000 files: 42 s one after another, 6 s eight at a time).
 CLEARED_AT_ONCE = 8
@@ -117,8 +116,11 @@ class LocalRuntime:
         *,
         slot_uids_from: int = SLOT_UIDS_FROM,
         passthrough: tuple[str, ...] = (),
+        uid_claims: Path = UID_CLAIMS,
     ) -> None:
         self._root = data_dir.resolve() / "slots"
+        self._uid_claims = uid_claims
+        self._keys = TaskKeys(data_dir)
         self._command = command or (sys.executable, "-m", "seedkeeper_task")
         self._slot_uids_from = slot_uids_from
         self._passthrough = not_a_credential(passthrough)
@@ -235,6 +237,7 @@ class LocalRuntime:
             uid = self.slot_uid(slot)
             if os.geteuid() == 0 and uid is not None and self._latest_attempt(slot) == attempt:
                 end_user_processes(uid)
+            self._keys.revoke(f"local:{slot}:{attempt}")  # as its session would expire
             gone = workspace.with_name(f".gone-{workspace.name}-{secrets.token_hex(4)}")
             try:
                 workspace.rename(gone)
@@ -253,8 +256,11 @@ class LocalRuntime:
             return None
 
     def _allocate_slot_uid(self, slot: str) -> int:
-        """The slot's uid: the one it has, else the next never given, under a lock shared
-        by every runtime on this data directory (the gateway's handlers, a CLI)."""
+        """The slot's uid: the one it has, else the next this data directory never gave
+        that no one else holds, under a lock shared by every runtime on this data directory
+        (the gateway's handlers, a CLI). A uid is claimed machine-wide (`_claim`): every
+        stack counts from the same base, and two slots of two stacks sharing a uid would
+        share a freeze and a stop."""
         given = self.slot_uid(slot)
         if given is not None:
             return given
@@ -262,19 +268,42 @@ class LocalRuntime:
             fcntl.flock(lock, fcntl.LOCK_EX)
             counter = self._root / ".next-uid"
             uid = int(counter.read_text()) if counter.exists() else self._slot_uids_from
-            while _is_an_account(uid):  # never a person's or a service's: its processes end
+            while not self._claim(uid):
                 uid += 1
             counter.write_text(str(uid + 1))
             (self._root / slot / "uid").write_text(str(uid))
         return uid
 
+    def _claim(self, uid: int) -> bool:
+        """Claims `uid` for this data directory's slots, machine-wide (a file of the uid's
+        in UID_CLAIMS, made once, naming the data directory; tmpfs, so a reboot frees
+        them). Never a person's or a service's uid (its processes would end with a task's),
+        nor one some process runs as, nor one another data directory claimed."""
+        if _is_an_account(uid) or uid in _real_uids():
+            return False
+        self._uid_claims.mkdir(mode=0o700, parents=True, exist_ok=True)
+        claim = self._uid_claims / str(uid)
+        try:
+            descriptor = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            try:
+                return claim.read_text() == str(self._root)  # ours from an earlier run
+            except OSError:
+                return False
+        with os.fdopen(descriptor, "w") as claimed:
+            claimed.write(str(self._root))
+        return True
+
     def _environment(self, plan: SlotPlan, incarnation: str, workspace: Path) -> dict[str, str]:
         names = (*LOCAL_TASK_ENVIRONMENT, *self._passthrough)
         environment = {name: os.environ[name] for name in names if name in os.environ}
+        keys = self._keys.issue(incarnation)
         environment |= {
             PLAN_VARIABLE: plan.to_env(),
             "SEEDKEEPER_WORKSPACE": str(workspace),
             "SEEDKEEPER_INCARNATION": incarnation,
+            "AWS_ACCESS_KEY_ID": keys.access_key,
+            "AWS_SECRET_ACCESS_KEY": keys.secret_key,
         }
         if os.geteuid() == 0:
             uid = str(self._allocate_slot_uid(plan.slot))
@@ -283,6 +312,14 @@ class LocalRuntime:
 
     def status(self, incarnation: str) -> TaskStatus:
         return self._state(incarnation).status
+
+    def launched_for(self, incarnation: str) -> Launch | None:
+        """The attempt a task this runtime launched was for: its incarnation names it, and
+        the attempt's record says it was launched."""
+        if self._process(incarnation) is None:
+            return None
+        _, slot, attempt = incarnation.split(":")
+        return Launch(slot, int(attempt))
 
     def statuses(self, incarnations: Sequence[str]) -> dict[str, TaskState]:
         return {incarnation: self._state(incarnation) for incarnation in incarnations}

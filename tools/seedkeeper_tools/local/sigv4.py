@@ -57,6 +57,13 @@ _SIGNATURE = re.compile(r"^[0-9a-f]{64}$")
 _SECONDS = re.compile(r"^[0-9]{1,7}$")
 
 
+def signing_key_id(authorization: str) -> str | None:
+    """The access key an Authorization header says signed it, if it is a SigV4 header at
+    all; says nothing about whether the signature holds."""
+    match = _AUTHORIZATION.match(authorization)
+    return None if match is None else match["key"]
+
+
 def signed_scope(authorization: str) -> tuple[str, str] | None:
     """The (service, region) an Authorization header's credential is scoped to, if it is
     a SigV4 header at all; says nothing about whether the signature holds."""

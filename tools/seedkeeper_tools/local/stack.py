@@ -12,9 +12,11 @@ A stack holds its data directory (an exclusive lock) from its start to the end o
 another on the same directory would stop this one's tasks and launch into its slots, so it
 refuses to start.
 
-The store's keys stand in for the slot task role: a task signs with them, for the store and
-for the gateway's checkpoint route, the one route the gateway takes them on (the task role
-may invoke only the checkpoint function); the executor's `credentials` sign everything else.
+Each slot task signs with keys of its own, its session of the slot task role
+(`principals.TaskKeys`), which the gateway takes on the checkpoint route alone (the task role
+may invoke only the checkpoint function, and that function acts only for the task that
+signed); a task never holds the store's keys. The executor's `credentials` sign everything
+else.
 """
 
 from __future__ import annotations
@@ -39,7 +41,13 @@ from seedkeeper.observability import logger
 from seedkeeper.services.sweep import Report
 from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.local.docker import DEFAULT_IMAGE, DockerRuntime
-from seedkeeper_tools.local.gateway import FunctionUrlGateway, LocalContext, LocalCredentials
+from seedkeeper_tools.local.gateway import FunctionUrlGateway, LocalContext
+from seedkeeper_tools.local.principals import (
+    TASK_ROLE_ARN,
+    LocalCredentials,
+    TaskKeys,
+    acting_as,
+)
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.store import StoreProcess
 
@@ -102,6 +110,11 @@ class LocalStack:
         self.store_credentials = LocalCredentials(
             f"seedkeeper-store-{secrets.token_hex(4)}", secrets.token_urlsafe(32)
         )
+        # A read-only R2 token, as a deployment gives the functions that only read (the
+        # store takes it for object reads alone, as R2 takes an Object Read token).
+        self.r2_read_credentials = LocalCredentials(
+            f"seedkeeper-r2-read-{secrets.token_hex(4)}", secrets.token_urlsafe(32)
+        )
 
     @property
     def url(self) -> str:
@@ -136,7 +149,9 @@ class LocalStack:
         return self
 
     def _start(self) -> None:
-        self._store = StoreProcess(self.store_credentials, region=REGION).start()
+        self._store = StoreProcess(
+            self.store_credentials, region=REGION, read_only=self.r2_read_credentials
+        ).start()
         self._configure(self._store.endpoint)
         store = StoreSettings()
         create_table(
@@ -151,7 +166,7 @@ class LocalStack:
             "127.0.0.1",
             self.port,
             self.credentials,
-            task_credentials=self.store_credentials,
+            task_keys=TaskKeys(self.data_dir),
             region=REGION,
         )
         # Bound, not yet serving: no task can launch before it is told where to checkpoint.
@@ -182,7 +197,8 @@ class LocalStack:
         keys = {"cold_start": False, **vars(build_lambda_context_model(context))}
         logger.thread_safe_append_keys(**keys)
         try:
-            return sweeper_from_env().sweep()
+            with acting_as("idle_sweep"):
+                return sweeper_from_env().sweep()
         finally:
             logger.thread_safe_remove_keys(keys)
 
@@ -214,6 +230,7 @@ class LocalStack:
         if self._gateway is not None:
             self._gateway.stop()
         self.runtime.stop_all()
+        TaskKeys(self.data_dir).revoke_all()  # what a task that outlived its stop still held
         if self._sweeper is not None:
             self._sweeper.join()
         if self._store is not None:
@@ -242,10 +259,14 @@ class LocalStack:
             "SEEDKEEPER_R2_ENDPOINT": endpoint,
             "SEEDKEEPER_R2_ACCESS_KEY_ID": store.access_key,
             "SEEDKEEPER_R2_SECRET_ACCESS_KEY": store.secret_key,
+            "SEEDKEEPER_R2_READ_ACCESS_KEY_ID": self.r2_read_credentials.access_key,
+            "SEEDKEEPER_R2_READ_SECRET_ACCESS_KEY": self.r2_read_credentials.secret_key,
             "SEEDKEEPER_RUNTIME": "docker" if self.task_runtime == "docker" else "local",
             "SEEDKEEPER_SLOT_IMAGE": self.slot_image,
             "SEEDKEEPER_DATA_DIR": str(self.data_dir),
             "SEEDKEEPER_IDLE_WINDOW": str(self.idle_window),
+            # The role whose sessions (the tasks' own keys) the checkpoint function serves.
+            "SEEDKEEPER_TASK_ROLE_ARN": TASK_ROLE_ARN,
         }
         # The retention the handlers and the sweep share: as told, else as the environment
         # says, else the deployment's default.

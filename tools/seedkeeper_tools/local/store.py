@@ -15,7 +15,7 @@ import subprocess
 import sys
 from typing import IO
 
-from seedkeeper_tools.local.gateway import LocalCredentials
+from seedkeeper_tools.local.principals import LocalCredentials
 
 # How often the store deletes the items whose TTL has passed (DynamoDB takes up to two days;
 # promptly is as good, and a pass over a day's records takes milliseconds).
@@ -26,13 +26,25 @@ STOP_TIMEOUT = 10.0
 
 
 class StoreProcess:
-    def __init__(self, credentials: LocalCredentials, *, region: str) -> None:
-        self._settings = {
+    def __init__(
+        self,
+        credentials: LocalCredentials,
+        *,
+        region: str,
+        read_only: LocalCredentials | None = None,
+    ) -> None:
+        """`read_only`: an R2 token that reads objects and nothing else (see motoserver)."""
+        self._settings: dict[str, object] = {
             "access_key": credentials.access_key,
             "secret_key": credentials.secret_key,
             "region": region,
             "expire_every": EXPIRE_EVERY,
         }
+        if read_only is not None:
+            self._settings["read_only"] = {
+                "access_key": read_only.access_key,
+                "secret_key": read_only.secret_key,
+            }
         self._process: subprocess.Popen[bytes] | None = None
         self.endpoint = ""
 
