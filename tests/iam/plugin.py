@@ -167,7 +167,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     denials = CHECK.drain()
     if not denials:
         return
-    lines = "\n".join(f"  {denial}" for denial in denials)
+    counted = Counter(str(denial) for denial in denials)
+    lines = "\n".join(
+        f"  {said}" + (f" (x{times})" if times > 1 else "") for said, times in counted.items()
+    )
     said = f"AWS would deny what this test's code called (template: {CHECK.template}):\n{lines}"
     if report.passed:
         report.outcome = "failed"
