@@ -33,6 +33,7 @@ from seedkeeper.domain.models import Binding
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import LIVE_PREFIX, SWEEP_SHARDS, encode
 from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
+from seedkeeper.domain.standby import StandbyPlan
 from seedkeeper.observability import logger
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
@@ -73,6 +74,9 @@ class Tasks:
 
     def launch(self, plan: SlotPlan) -> str:
         raise AssertionError("the sweep never launches")
+
+    def launch_standby(self, standby: StandbyPlan) -> str:
+        raise AssertionError("no standby pool is kept here")
 
     def status(self, incarnation: str) -> TaskStatus:
         raise AssertionError("the sweep asks a page's tasks in one batch")

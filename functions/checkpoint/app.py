@@ -15,6 +15,7 @@ with handler_imports():  # no collection over what lives as long as the process
     from seedkeeper.config import (
         caller_from_env,
         checkpoint_service_from_env,
+        standby_desk_from_env,
         task_records_from_env,
         task_starts_from_env,
     )
@@ -25,7 +26,8 @@ with handler_imports():  # no collection over what lives as long as the process
         RestoreGrant,
         UploadGrant,
     )
-    from seedkeeper.services import task_records, task_start
+    from seedkeeper.domain.task_api import StandbyAnswer, StandbyCall
+    from seedkeeper.services import standbys, task_records, task_start
     from seedkeeper.services.checkpoints import REFUSALS, Captured, NotTaken
     from seedkeeper.services.task_records import (
         AttemptCall,
@@ -55,6 +57,16 @@ def caller() -> Caller:
 def start(started: TaskStart) -> Response[str]:
     """The attempt's task, started: its incarnation recorded, its restore's URLs answered."""
     return answer(task_starts_from_env().start(started, caller()))
+
+
+@app.post(
+    "/tasks/standby",
+    responses=documented([StandbyAnswer], (*REQUEST_REFUSALS, *standbys.REFUSALS)),
+)
+def standby(call: StandbyCall) -> Response[str]:
+    """A standby's task, waiting: reported in, its generation's archives (pre-seeded), its
+    assignment once a seed takes it, or told to leave."""
+    return answer(standby_desk_from_env().call(call, caller()))
 
 
 @app.post("/tasks/record", responses=documented([TaskRecord], TASK_REFUSALS))

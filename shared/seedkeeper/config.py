@@ -30,10 +30,12 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
 
     from seedkeeper.adapters.runtime import RuntimeSettings, SlotRuntime
+    from seedkeeper.domain.standby import PoolSettings
     from seedkeeper.services.checkpoints import CheckpointService
     from seedkeeper.services.receipts import Witness
     from seedkeeper.services.rotation import Snapshots
     from seedkeeper.services.seed import SeedService, SeedSettings
+    from seedkeeper.services.standbys import StandbyDesk
     from seedkeeper.services.sweep import RetainedAlertSettings, Sweeper, SweepSettings
     from seedkeeper.services.task_records import TaskRecords
     from seedkeeper.services.task_start import TaskStarts
@@ -111,8 +113,12 @@ def snapshots(store: StoreSettings, r2: R2Settings) -> Snapshots:
 def _snapshots(store: StoreSettings, r2: R2Settings, session: Session) -> Snapshots:
     from seedkeeper.services.rotation import Snapshots
     from seedkeeper.store.snapshots import SnapshotStore
+    from seedkeeper.store.standbys import StandbyStore
 
-    return Snapshots(SnapshotStore(store.table_resource(session)), r2_if_configured(r2, session))
+    table = store.table_resource(session)
+    return Snapshots(
+        SnapshotStore(table), r2_if_configured(r2, session), standbys=StandbyStore(table)
+    )
 
 
 def snapshots_from_env() -> Snapshots:
@@ -126,10 +132,13 @@ def seed_service(
     runtime: RuntimeSettings,
     seed: SeedSettings,
     session: Session,
+    *,
+    pools: PoolSettings,
 ) -> SeedService:
     from seedkeeper.services.seed import SeedService
     from seedkeeper.store.lifecycle import Lifecycle
     from seedkeeper.store.snapshots import SnapshotStore
+    from seedkeeper.store.standbys import StandbyStore
 
     table = store.table_resource(session)
     return SeedService(
@@ -139,15 +148,23 @@ def seed_service(
         runtime=cache(partial(runtime_from, runtime)),  # built when a task is first touched
         settings=seed,
         clock=epoch_seconds,
+        standbys=StandbyStore(table) if pools.any else None,
+        pools=pools,
     )
 
 
 def seed_service_from_env() -> SeedService:
     from seedkeeper.adapters.runtime import RuntimeSettings
+    from seedkeeper.domain.standby import PoolSettings
     from seedkeeper.services.seed import SeedSettings
 
     return seed_service(
-        StoreSettings(), R2Settings(), RuntimeSettings(), SeedSettings(), aws.session()
+        StoreSettings(),
+        R2Settings(),
+        RuntimeSettings(),
+        SeedSettings(),
+        aws.session(),
+        pools=PoolSettings(),
     )
 
 
@@ -208,6 +225,26 @@ def task_starts(
     )
 
 
+@cache
+def standby_desk(store: StoreSettings, r2: R2Settings, session: Session) -> StandbyDesk:
+    from seedkeeper.services.standbys import StandbyDesk
+    from seedkeeper.store.snapshots import SnapshotStore
+    from seedkeeper.store.standbys import StandbyStore
+
+    table = store.table_resource(session)
+    return StandbyDesk(
+        standbys=StandbyStore(table),
+        snapshots=SnapshotStore(table),
+        r2=r2_if_configured(r2, session),
+        presign_expiry=r2.presign_expiry,
+        clock=epoch_seconds,
+    )
+
+
+def standby_desk_from_env() -> StandbyDesk:
+    return standby_desk(StoreSettings(), R2Settings(), aws.session())
+
+
 def task_starts_from_env() -> TaskStarts:
     from seedkeeper.adapters.runtime import RuntimeSettings
 
@@ -242,27 +279,41 @@ def sweeper(
     *,
     retention: RetentionSettings,
     alert: RetainedAlertSettings,
+    pools: PoolSettings,
 ) -> Sweeper:
+    from seedkeeper.services.standbys import StandbyPool
     from seedkeeper.services.sweep import Sweeper
     from seedkeeper.store.lifecycle import Lifecycle
+    from seedkeeper.store.snapshots import SnapshotStore
+    from seedkeeper.store.standbys import StandbyStore
     from seedkeeper.store.sweep_index import SweepIndex
 
     table = store.table_resource(session)
+    runtime_once = cache(partial(runtime_from, runtime))  # built when a task is first asked about
     return Sweeper(
         index=SweepIndex(table, shards=store.sweep_shards),
         lifecycle=Lifecycle(table, shards=store.sweep_shards),
-        runtime=cache(partial(runtime_from, runtime)),  # built when a task is first asked about
+        runtime=runtime_once,
         snapshots=_snapshots(store, r2, session),
         r2=r2_if_configured(r2, session),
         settings=sweep,
         retention=retention,
         clock=epoch_seconds,
         retained_alert_after=alert.retained_alert_after,
+        # Tended at every sweep, those it once kept too (retired when the target is 0).
+        pool=StandbyPool(
+            standbys=StandbyStore(table),
+            snapshots=SnapshotStore(table),
+            runtime=runtime_once,
+            settings=pools,
+            clock=epoch_seconds,
+        ),
     )
 
 
 def sweeper_from_env() -> Sweeper:
     from seedkeeper.adapters.runtime import RuntimeSettings
+    from seedkeeper.domain.standby import PoolSettings
     from seedkeeper.services.sweep import RetainedAlertSettings, SweepSettings
 
     return sweeper(
@@ -273,4 +324,5 @@ def sweeper_from_env() -> Sweeper:
         aws.session(),
         retention=RetentionSettings(),
         alert=RetainedAlertSettings(),
+        pools=PoolSettings(),
     )

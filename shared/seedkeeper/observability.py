@@ -7,3 +7,15 @@ from aws_lambda_powertools import Logger
 
 logger = Logger(service="seedkeeper")
 METRICS_NAMESPACE = "Seedkeeper"
+
+
+def count(name: str, value: int = 1, **dimensions: str) -> None:
+    """One CloudWatch count (an EMF log line), with its dimensions. Powertools' metrics are
+    imported at the first count: a handler that never counts never loads them."""
+    from aws_lambda_powertools.metrics import MetricUnit, single_metric  # noqa: PLC0415
+
+    with single_metric(
+        name=name, unit=MetricUnit.Count, value=value, namespace=METRICS_NAMESPACE
+    ) as metric:
+        for dimension, named in dimensions.items():
+            metric.add_dimension(name=dimension, value=named)

@@ -29,6 +29,7 @@ from typing import Literal
 from seedkeeper.domain.caller import NOT_THIS_TASK
 from seedkeeper.domain.outcomes import GrantedArchive, RestoreGrant
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
+from seedkeeper.domain.standby import STANDBY_VARIABLE, StandbyPlan
 from seedkeeper.observability import logger
 from seedkeeper_task import function_url
 from seedkeeper_task.restore.download import download
@@ -147,31 +148,54 @@ def main() -> int:
     stop = threading.Event()
     for stopping in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stopping, lambda *_: stop.set())
-    plan = SlotPlan.from_env(os.environ.pop(PLAN_VARIABLE))
+    standing_by = os.environ.pop(STANDBY_VARIABLE, None)
+    launched_for = os.environ.pop(PLAN_VARIABLE, None)
     settings = TaskSettings()
     checkpointing = CheckpointSettings()
     incarnation = settings.own_incarnation()
-    logger.append_keys(slot=plan.slot, attempt=plan.attempt, incarnation=incarnation)
+    logger.append_keys(incarnation=incarnation)
     if checkpointing.checkpoint_url is None or incarnation is None:
         logger.error("task not started", why="no checkpoint function or no incarnation")
         return 1
     # The task's one way to its record, its archives and R2: its own signed calls.
     api = TaskApi(
         checkpointing.checkpoint_url,
-        plan.slot,
+        "",  # a standby's slot is the one it is assigned
         incarnation,
         stop,
         stop_budget=checkpointing.stop_timeout - STOP_MARGIN,
     )
-    try:
-        grant = start(plan, api)
-    except NotStarted as unanswered:
-        logger.error("task not started", why=str(unanswered))
+    prepared = False
+    if standing_by is not None:
+        from seedkeeper_task import standby  # noqa: PLC0415 - loaded before it is assigned
+
+        waiting = StandbyPlan.from_env(standing_by)
+        logger.append_keys(standby=waiting.standby)
+        assigned = standby.wait(waiting, api, settings, stop)
+        if assigned is None:
+            return 0
+        plan, prepared = assigned.plan, assigned.prepared
+    elif launched_for is not None:
+        plan = SlotPlan.from_env(launched_for)
+    else:
+        logger.error("task not started", why="no plan and no standby")
         return 1
+    api.slot = plan.slot
+    logger.append_keys(slot=plan.slot, attempt=plan.attempt)
+    if prepared:
+        # Restored ahead, verified: nothing to download (the record, read next, says
+        # whether this task is still the attempt's).
+        grant: RestoreGrant | None = RestoreGrant(expires_in=0)
+    else:
+        try:
+            grant = start(plan, api)
+        except NotStarted as unanswered:
+            logger.error("task not started", why=str(unanswered))
+            return 1
     if grant is None:
         logger.info("task not the attempt's: left")
         return 0
-    logger.info("task started", seeded=plan.binding.seed is not None)
+    logger.info("task started", seeded=plan.binding.seed is not None, prepared=prepared)
     prefetch = Prefetch(grant, settings, stop)
     try:
         from seedkeeper_task import supervisor  # noqa: PLC0415 - loaded while the archives come

@@ -37,6 +37,9 @@ class TaskSettings(BaseSettings):
     slot_uid: int | None = None
     slot_gid: int | None = None
     sandbox_command: tuple[str, ...] = ()  # argv (JSON list); empty: wait until stopped
+    # How often a standby asks for its assignment: a seed that takes it waits half this
+    # long on average (README, "Standby slots", prices each ask).
+    standby_poll: Annotated[float, Field(gt=0, le=60)] = 0.25
 
     def slot_user(self) -> SlotUser | None:
         return slot_user(self.slot_uid, self.slot_gid)

@@ -78,6 +78,7 @@ from seedkeeper_task.watch import Watcher, WatchSettings
 CHECKOUT = "checkout"
 HOME = "home"  # the sandbox's HOME, the slot user's, emptied before each run
 MARKER = "seed.json"
+PREPARED = "prepared.json"  # a pre-seeded standby's restore, before any slot is bound
 _SETTLE_ROUNDS = 2  # calls: the function re-decides on a moved record itself
 
 Verdict = Literal["seeded", "failed", "superseded"]
@@ -92,6 +93,19 @@ class Marker(Model):
     owner: OwnerClaim | None
     origin: Origin | None
     head: str
+
+
+class Prepared(Model):
+    """What a pre-seeded standby restored ahead (PREPARED): the seed of its generation,
+    where its deps tree was placed, the HEAD it checked out, and what each step took."""
+
+    seed: SeedIdentity
+    deps_path: str
+    head: str
+    steps: dict[str, int]
+
+    def serves(self, seed: SeedIdentity, deps_path: str) -> bool:
+        return self.seed == seed and self.deps_path == deps_path and seed.fetch_ref is None
 
 
 class StepFailed(Exception):
@@ -146,7 +160,7 @@ class SlotTask:
         assert seed is not None
         started = time.monotonic()
         try:
-            record = self._preflight(seed)
+            record, prepared = self._preflight(seed)
         except Superseded as superseded:
             logger.warning("restore superseded", why=str(superseded))
             self._discard_downloads()
@@ -161,8 +175,13 @@ class SlotTask:
         try:
             if record.checkpoint is not None:  # a resume: the preflight saw the plan agree
                 ref, head = self._resume(seed, record.checkpoint, created)
+            elif prepared is not None:  # restored and verified while this task stood by
+                created.append(self.checkout)
+                ref, head = seed.ref, self._adopt(seed, prepared)
             else:
                 ref, head = seed.ref, self._seed(seed, created)
+                with self._step("marker"):
+                    self._write_marker(seed, head)
         except StepFailed as failed:
             logger.warning("restore failed", step=failed.step, reason=failed.reason)
             self._discard_downloads()  # the downloads stopped first: nothing still writes
@@ -184,10 +203,12 @@ class SlotTask:
             )
         )
 
-    def _preflight(self, seed: SeedIdentity) -> SlotRecord:
+    def _preflight(self, seed: SeedIdentity) -> tuple[SlotRecord, Prepared | None]:
         """Refuse before anything is removed unless this attempt is the live one and the
-        workspace holds nothing bound to anyone; then sweep an earlier attempt's debris.
-        The record as read: a resume verifies its checkpoint against it."""
+        workspace holds nothing bound to anyone; then sweep an earlier attempt's debris,
+        unless it is the seed's own generation this task restored while it stood by
+        (`prepare`), which it then keeps. The record as read (a resume verifies its
+        checkpoint against it), and what was prepared."""
         record = self.api.read()
         if record is None:
             raise Superseded("the record names another task")
@@ -198,13 +219,21 @@ class SlotTask:
         marker = self._marker()
         if marker is not None and (marker.seed != seed or marker.owner is not None):
             raise StepFailed("sweep", "seed-failed", "the workspace holds a bound checkout")
+        prepared = self._prepared()
+        if (
+            prepared is not None
+            and prepared.serves(seed, self.plan.deps_path)
+            and not (record.resuming)
+        ):
+            return record, prepared
         self.workspace.mkdir(parents=True, exist_ok=True)
         sweep_staging(self.workspace)
         if self.checkout.exists():
             sweep_staging(self.checkout)
             shutil.rmtree(self.checkout)  # an unbound tree: never handed to a run
         (self.state_dir / MARKER).unlink(missing_ok=True)
-        return record
+        (self.state_dir / PREPARED).unlink(missing_ok=True)
+        return record, None
 
     def _seed(self, seed: SeedIdentity, created: list[Path]) -> str:
         """The archives have been downloading since the start, both at once. The checkout
@@ -234,8 +263,6 @@ class SlotTask:
                 deps_links = deps_placed.result() if deps_placed is not None else None
         with self._step("links"):
             self._check_whole_checkout(deps_links)
-        with self._step("marker"):
-            self._write_marker(seed, head)
         return head
 
     def _resume(
@@ -269,6 +296,55 @@ class SlotTask:
         with self._step("marker"):
             self._write_marker(seed, head)
         return ref or seed.ref, head
+
+    def prepare(self) -> Prepared | None:
+        """A pre-seeded standby's restore, ahead of any claim: the plan's seed (its
+        generation) downloaded, verified, extracted, fixed up on its ref and sha with no
+        origin, the deps placed, every link checked, exactly as a seed's; then the
+        PREPARED marker, which names the seed. Nothing is settled: there is no slot yet.
+        None: it failed (and nothing of it is left)."""
+        seed = self.plan.binding.seed
+        assert seed is not None
+        assert self.plan.binding.owner is None  # no slot, no claim: it stands by
+        created: list[Path] = []
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        try:
+            head = self._seed(seed, created)
+        except StepFailed as failed:
+            logger.warning("standby not prepared", step=failed.step, reason=failed.reason)
+            self._discard_downloads()
+            for path in reversed(created):
+                shutil.rmtree(path, ignore_errors=True)
+            return None
+        self._discard_downloads()
+        prepared = Prepared(seed=seed, deps_path=self.plan.deps_path, head=head, steps=self.steps)
+        _write_private(self.state_dir / PREPARED, prepared.model_dump_json())
+        return prepared
+
+    def _prepared(self) -> Prepared | None:
+        path = self.state_dir / PREPARED
+        if not path.exists():
+            return None
+        try:
+            return Prepared.model_validate_json(path.read_text())
+        except ValueError:
+            return None  # unreadable: swept as any debris
+
+    def _adopt(self, seed: SeedIdentity, prepared: Prepared) -> str:
+        """Bind the tree restored ahead to this slot: `.git`'s config replaced for the
+        binding's origin and the seed's ref (`_hardened`), HEAD checked against the seed
+        and the claim, the marker written. Nothing else changes: the tree is the one the
+        preparation verified, and nothing has run in it since."""
+        self.steps = {f"prepared_{step}": ms for step, ms in prepared.steps.items()}
+        with self._step("bind"), self._hardened(seed) as git:
+            head = self._git(git, "rev-parse", "--verify", "HEAD^{commit}")
+        owner = self.plan.binding.owner
+        if head != prepared.head or head != seed.sha or (owner is not None and head != owner.head):
+            raise StepFailed("fixup", "seed-failed", "HEAD is not the seed's and the claim's head")
+        with self._step("marker"):
+            self._write_marker(seed, head)
+            (self.state_dir / PREPARED).unlink()
+        return head
 
     def _downloaded(self, name: ArchiveName) -> Path:
         """The granted archive `name` once downloaded and verified against the size and
@@ -403,11 +479,7 @@ class SlotTask:
             origin=self.plan.binding.origin,
             head=head,
         )
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        staged = self.state_dir / f".{MARKER}.tmp"
-        staged.write_text(marker.model_dump_json())
-        staged.chmod(0o600)  # the supervisor's: it names the owner's claim
-        staged.replace(self.state_dir / MARKER)
+        _write_private(self.state_dir / MARKER, marker.model_dump_json())
 
     def _marker(self) -> Marker | None:
         path = self.state_dir / MARKER
@@ -503,6 +575,15 @@ class SlotTask:
                 self.watcher.look()
                 next_look = time.monotonic() + self.watcher.interval()
         return False
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Whole or not at all, the supervisor's alone (a marker names the owner's claim)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.tmp")
+    staged.write_text(text)
+    staged.chmod(0o600)
+    staged.replace(path)
 
 
 def _branch(head: str) -> str | None:

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from seedkeeper.domain.caller import NOT_THIS_TASK
 from seedkeeper.domain.opwindow import OpRef
 from seedkeeper.domain.record import SeedFailed, SeedSucceeded, SlotRecord
-from seedkeeper.domain.task_api import TaskRecord, TaskWrite
+from seedkeeper.domain.task_api import StandbyAnswer, StandbyCall, TaskRecord, TaskWrite
 from seedkeeper_task import function_url
 
 M = TypeVar("M", bound=BaseModel)
@@ -101,6 +101,10 @@ class TaskApi:
                 return None
             raise
         return _parsed(TaskRecord, answer).record
+
+    def standby(self, call: StandbyCall) -> StandbyAnswer:
+        """A standby's ask (DESIGN §12): what it is to do now."""
+        return _parsed(StandbyAnswer, self.post("/tasks/standby", call.model_dump(mode="json")))
 
     def settle_seed(
         self, attempt: int, restore: OpRef, result: SeedSucceeded | SeedFailed

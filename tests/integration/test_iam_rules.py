@@ -25,11 +25,12 @@ READ_ONLY = ("receipt", "slot_evidence")
 ITEM_WRITES = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
 ITEM_ACTIONS = ("dynamodb:GetItem", *ITEM_WRITES, "dynamodb:ConditionCheckItem", "dynamodb:Query")
 # A partition of each kind the table holds (DESIGN §3).
-RESIDENT, BACKUP, SLOT, CURSOR = (
+RESIDENT, BACKUP, SLOT, CURSOR, STANDBY = (
     "RESIDENT#acme-widgets",
     "BACKUP#checkout-0001",
     "SLOT#slot-1",
     "SWEEP",
+    "STANDBY#*",
 )
 
 
@@ -105,6 +106,17 @@ def must(deployed: Deployed) -> list[Request]:
         Request(
             "IdleSweepFunctionSweepRole", "sqs:SendMessage", deployed.arn("SweepDeadLetterQueue")
         ),
+        # The standby pools' own schedule.
+        Request(
+            "IdleSweepFunctionStandbysRole",
+            "lambda:InvokeFunction",
+            deployed.arn("IdleSweepFunction"),
+        ),
+        Request(
+            "IdleSweepFunctionStandbysRole",
+            "sqs:SendMessage",
+            deployed.arn("SweepDeadLetterQueue"),
+        ),
     ]
     return rows
 
@@ -129,7 +141,7 @@ def never(deployed: Deployed) -> list[Request]:
     # The slot task role: nothing of the table (its API writes for it), no secret, no task.
     task_role = "SlotTaskRole"
     for action in (*ITEM_ACTIONS, "dynamodb:BatchWriteItem"):
-        for partition in (RESIDENT, BACKUP, SLOT, CURSOR):
+        for partition in (RESIDENT, BACKUP, SLOT, CURSOR, STANDBY):
             rows.append(Request(task_role, action, table, keys(partition)))
         rows.append(Request(task_role, action, table))  # naming no key at all
     rows.append(Request(task_role, "dynamodb:Scan", table))
@@ -199,10 +211,21 @@ def never(deployed: Deployed) -> list[Request]:
             Request(role, "dynamodb:UpdateItem", table, keys(partition))
             for partition in (RESIDENT, BACKUP)
         ]
-    # Rotation touches no slot; only the seed function starts tasks, only the sweep stops them.
+    # Rotation touches no slot; only the seed function starts a slot's task and the sweep a
+    # standby's; only the sweep stops them.
     rows += [Request(deployed.roles["rotation"], a, table, keys(SLOT)) for a in ITEM_ACTIONS]
-    for function in ("receipt", "slot_evidence", "rotation", "checkpoint", "idle_sweep"):
+    for function in ("receipt", "slot_evidence", "rotation", "checkpoint"):
         rows.append(Request(deployed.roles[function], "ecs:RunTask", task_definition, cluster))
+    # Standbys: only the sweep registers (PutItem) and forgets (DeleteItem) them; the seed
+    # function takes, the checkpoint function moves its caller's, the rotation retires;
+    # the read-only functions never see them.
+    for function in ("seed", "rotation", "checkpoint"):
+        rows += [
+            Request(deployed.roles[function], action, table, keys(STANDBY))
+            for action in ("dynamodb:PutItem", "dynamodb:DeleteItem")
+        ]
+    for function in READ_ONLY:
+        rows += [Request(deployed.roles[function], a, table, keys(STANDBY)) for a in ITEM_ACTIONS]
     for function in ("seed", "receipt", "slot_evidence", "rotation", "checkpoint"):
         rows.append(Request(deployed.roles[function], "ecs:StopTask", task, cluster))
     # The checkpoint function deletes nothing of the table and may not read the index.

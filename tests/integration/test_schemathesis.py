@@ -49,6 +49,7 @@ from seedkeeper.domain.opwindow import OpKind
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import State
 from seedkeeper.domain.runtime import RUNNING, Launch, TaskState, TaskStatus
+from seedkeeper.domain.standby import StandbyPlan
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper_task.capture import upload
 from seedkeeper_tools.infra import FUNCTIONS
@@ -113,6 +114,9 @@ class NoLaunches:
 
     def launch(self, plan: SlotPlan) -> str:
         return f"local:fuzz:{plan.slot}:{next(self._numbers)}"
+
+    def launch_standby(self, standby: StandbyPlan) -> str:
+        return f"local:_standby-{standby.standby}:1"
 
     def status(self, incarnation: str) -> TaskStatus:
         return TaskStatus.RUNNING

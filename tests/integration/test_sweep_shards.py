@@ -49,6 +49,9 @@ class Tasks:
     def launch(self, plan: Any) -> str:
         raise AssertionError("the sweep never launches")
 
+    def launch_standby(self, standby: Any) -> str:
+        raise AssertionError("no standby pool is kept here")
+
     def status(self, incarnation: str) -> Any:
         raise AssertionError("the sweep asks a page's tasks in one batch")
 

@@ -57,6 +57,7 @@ def test_every_row_names_an_outcome() -> None:
     }
     nested = {"ObjectCounts", "GrantedArchive"}  # parts of answers, never answers of their own
     calls = {
+        "StandbyCall",
         "TaskOp",
         "TaskCall",
         "RecordRead",

@@ -30,11 +30,16 @@ from seedkeeper.domain.outcomes import CheckpointNotTaken
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import State, Supported
 from seedkeeper.domain.runtime import UNKNOWN, TaskState, TaskStatus
+from seedkeeper.domain.standby import PoolSettings
+from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.observability import METRICS_NAMESPACE
 from seedkeeper.services.checkpoints import CheckpointOp, CheckpointService, NotTaken
-from seedkeeper.services.seed import SeedSettings
+from seedkeeper.services.seed import SeedRequest, SeedService, SeedSettings
+from seedkeeper.services.standbys import StandbyPool
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper.store.snapshots import SnapshotStore
+from seedkeeper.store.standbys import StandbyStore
 from seedkeeper.store.sweep_index import SweepIndex
 from seedkeeper_task.settings import CheckpointSettings, TaskSettings
 from seedkeeper_tools.infra import TABLE_RESOURCE, TEMPLATE, load_template, table_properties
@@ -53,12 +58,12 @@ INDEX = "by-deadline"
 # The settings each function reads, as its `*_from_env` in seedkeeper.config builds them,
 # keyed by the function's folder under functions/.
 READS: dict[str, tuple[type[BaseSettings], ...]] = {
-    "seed": (StoreSettings, R2Settings, RuntimeSettings, SeedSettings),
+    "seed": (StoreSettings, R2Settings, RuntimeSettings, SeedSettings, PoolSettings),
     "receipt": (StoreSettings, R2Settings),
     "slot_evidence": (StoreSettings, R2Settings),
     "rotation": (StoreSettings, R2Settings),
     "checkpoint": (StoreSettings, R2Settings, RetentionSettings, TaskRoleSettings, RuntimeSettings),
-    "idle_sweep": (StoreSettings, R2Settings, RuntimeSettings, SweepSettings),
+    "idle_sweep": (StoreSettings, R2Settings, RuntimeSettings, SweepSettings, PoolSettings),
 }
 # The slot task reads no table setting: its record is its API's (the checkpoint function).
 SLOT_TASK_READS: tuple[type[BaseSettings], ...] = (TaskSettings, CheckpointSettings)
@@ -268,14 +273,17 @@ def test_the_outputs_give_each_url_the_table_and_the_cluster(template: Template)
 
 def test_the_sweep_runs_on_its_schedule(template: Template, deployed: Deployed) -> None:
     sweep = functions(template)["idle_sweep"]
-    (event,) = sweep["Events"].values()
+    event = sweep["Events"]["Sweep"]
     assert event["Type"] == "ScheduleV2"
-    (schedule,) = [
-        resource["Properties"]
+    schedules = {
+        resource["Properties"]["Name"]: resource["Properties"]
         for resource in deployed.resources.values()
         if resource["Type"] == "AWS::Scheduler::Schedule"
-    ]
+    }
+    assert len(schedules) == 2  # the sweep's, and the standby pools'
+    schedule = next(s for name, s in schedules.items() if name.endswith("-idle-sweep"))
     assert schedule["Target"]["Arn"] == deployed.arn("IdleSweepFunction")
+    assert "Input" not in schedule["Target"]  # the whole sweep
     expression = schedule["ScheduleExpression"]
     assert re.fullmatch(r"rate\([1-9][0-9]* minutes\)", expression)
     assert expression == "rate(5 minutes)"  # the default
@@ -290,6 +298,24 @@ def test_the_sweep_runs_on_its_schedule(template: Template, deployed: Deployed) 
         if declared["Type"] == "ScheduleV2"
     }
     assert scheduled == {"idle_sweep"}
+
+
+def test_the_standby_pools_are_tended_every_minute_only_while_any_is_kept(
+    template: Template, deployed: Deployed
+) -> None:
+    event = functions(template)["idle_sweep"]["Events"]["Standbys"]
+    assert event["Properties"]["ScheduleExpression"] == "rate(1 minute)"
+    assert json.loads(event["Properties"]["Input"]) == {"standbys": True}
+    assert "${AWS::StackName}" in event["Properties"]["Name"]["Fn::Sub"]
+    (schedule,) = [
+        resource["Properties"]
+        for resource in deployed.resources.values()
+        if resource["Type"] == "AWS::Scheduler::Schedule"
+        and resource["Properties"]["Name"].endswith("-standbys")
+    ]
+    # The deployment's defaults keep no pool: the schedule is there, and off.
+    assert schedule["State"] == "DISABLED"
+    assert schedule["Target"]["Arn"] == deployed.arn("IdleSweepFunction")
 
 
 # -- least privilege --------------------------------------------------------------------
@@ -615,17 +641,20 @@ def alarms_on(template: Template, namespace: str, metric: str) -> list[dict[str,
 
 
 def test_the_sweep_schedule_retries_and_keeps_its_dead_letters(template: Template) -> None:
-    (event,) = functions(template)["idle_sweep"]["Events"].values()
-    schedule = event["Properties"]
-    retry = schedule["RetryPolicy"]
+    events = functions(template)["idle_sweep"]["Events"]
+    retry = events["Sweep"]["Properties"]["RetryPolicy"]
     assert retry["MaximumRetryAttempts"] >= 1  # every decision is fenced: a retry is safe
     # A delivery is given up before the next run is due, at the shortest rate allowed.
     shortest_rate = template["Parameters"]["SweepRateMinutes"]["MinValue"] * 60
     assert retry["MaximumEventAgeInSeconds"] < shortest_rate
-    # The stack's own queue by its ARN, and no role of ours: SAM then generates the
-    # schedule's role with sqs:SendMessage on exactly this queue.
-    assert schedule["DeadLetterConfig"] == {"Arn": {"Fn::GetAtt": [DEAD_LETTERS, "Arn"]}}
-    assert "RoleArn" not in schedule
+    # The pools' runs are a minute apart: a missed one is the next one, never retried.
+    assert events["Standbys"]["Properties"]["RetryPolicy"]["MaximumRetryAttempts"] == 0
+    for event in events.values():
+        schedule = event["Properties"]
+        # The stack's own queue by its ARN, and no role of ours: SAM then generates the
+        # schedule's role with sqs:SendMessage on exactly this queue.
+        assert schedule["DeadLetterConfig"] == {"Arn": {"Fn::GetAtt": [DEAD_LETTERS, "Arn"]}}
+        assert "RoleArn" not in schedule
     queue = template["Resources"][DEAD_LETTERS]
     assert queue["Type"] == "AWS::SQS::Queue"
     assert queue["Properties"]["SqsManagedSseEnabled"] is True
@@ -674,13 +703,16 @@ class TaskStates:
     states: dict[str, TaskState]
 
     def launch(self, plan: SlotPlan) -> str:
-        raise AssertionError("the sweep never launches")
+        return f"local:{plan.slot}:{plan.attempt}"  # a seed's: its slot's task
+
+    def launch_standby(self, standby: Any) -> str:
+        raise RuntimeUnavailable("RunTask started nothing (RESOURCE:ENI)")
 
     def status(self, incarnation: str) -> TaskStatus:
         raise AssertionError("the sweep asks a page's tasks in one batch")
 
     def statuses(self, incarnations: Sequence[str]) -> dict[str, TaskState]:
-        return {incarnation: self.states[incarnation] for incarnation in incarnations}
+        return {incarnation: self.states.get(incarnation, UNKNOWN) for incarnation in incarnations}
 
     def launched_for(self, incarnation: str) -> Any:
         raise AssertionError("the sweep never asks what a task was launched for")
@@ -710,7 +742,7 @@ def rendered(
     One slot for each thing the sweep counts; one checkpoint recorded failed."""
     for variable in [name for name in os.environ if name.startswith("POWERTOOLS_")]:
         monkeypatch.delenv(variable)
-    for folder in ("idle_sweep", "checkpoint"):
+    for folder in ("idle_sweep", "checkpoint", "seed"):
         for variable, value in deploy().environment(folder).items():
             if variable.startswith("POWERTOOLS_"):
                 monkeypatch.setenv(variable, value)
@@ -760,6 +792,25 @@ def rendered(
         # One failed checkpoint's backoff (60 s) is as long as the failing slot must fail.
         retained_alert_after=retry_after(1),
     ).sweep()
+    # A seed finding no free standby (it launches), and a standby that does not start.
+    pools = PoolSettings(pool=1)
+    SeedService(
+        lifecycle=lifecycle,
+        snapshots=SnapshotStore(table),
+        r2=None,
+        runtime=lambda: runtime,
+        settings=SeedSettings(),
+        clock=lambda: LONG_AFTER,
+        standbys=StandbyStore(table),
+        pools=pools,
+    ).seed(SeedRequest(slot="cold-seed", seed=None))
+    StandbyPool(
+        standbys=StandbyStore(table),
+        snapshots=SnapshotStore(table),
+        runtime=lambda: runtime,
+        settings=pools,
+        clock=lambda: LONG_AFTER,
+    ).tend()
     metrics: dict[str, list[tuple[str, Dimensions]]] = {}
     for line in capsys.readouterr().out.splitlines():
         if '"_aws"' not in line:
@@ -803,6 +854,8 @@ def test_the_alarms_watch_our_metrics_exactly_as_the_code_emits_them(
     assert watched == {
         ("SlotsLost", None),
         *(("SlotsRetainedLong", reason) for reason in LONG_RETAINED_REASONS),
+        ("StandbyPoolEmpty", None),
+        ("StandbyStartFailures", None),
     }
     # Each alarm's own series is emitted, its reason included: none waits for nothing.
     emitted_series = {

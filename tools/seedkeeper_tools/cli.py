@@ -276,6 +276,21 @@ def _parser() -> argparse.ArgumentParser:
         "--slot-image", default=DEFAULT_IMAGE, help="the slot image, for --runtime docker"
     )
     local.add_argument(
+        "--standby",
+        type=_count,
+        default=0,
+        metavar="N",
+        help='keep N blank standby slots started ahead (README, "Standby slots")',
+    )
+    local.add_argument(
+        "--preseed",
+        type=_preseed,
+        action="append",
+        default=[],
+        metavar="RESOURCE=N",
+        help="keep N standby slots holding RESOURCE's current generation (repeatable)",
+    )
+    local.add_argument(
         "--sam-env",
         type=Path,
         metavar="PATH",
@@ -296,6 +311,29 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# A local stack's standbys, each pool: they are processes or containers on this machine.
+MAX_LOCAL_STANDBYS = 16
+
+
+def _count(value: str) -> int:
+    if not value.isdigit() or int(value) > MAX_LOCAL_STANDBYS:
+        raise argparse.ArgumentTypeError(f"a count from 0 to {MAX_LOCAL_STANDBYS}, not {value!r}")
+    return int(value)
+
+
+def _preseed(value: str) -> tuple[str, int]:
+    resource, equals, count = value.partition("=")
+    try:
+        TypeAdapter(ResourceName).validate_python(resource)
+    except ValidationError:
+        raise argparse.ArgumentTypeError(
+            f"RESOURCE=N, a resource's name and a count, not {value!r}"
+        ) from None
+    if not equals:
+        raise argparse.ArgumentTypeError(f"RESOURCE=N: no count in {value!r}")
+    return resource, _count(count)
+
+
 def _local(args: argparse.Namespace) -> int:
     credentials = LocalCredentials(
         os.environ.get("SEEDKEEPER_LOCAL_ACCESS_KEY_ID", "seedkeeper-local"),
@@ -310,6 +348,8 @@ def _local(args: argparse.Namespace) -> int:
         sweep_interval=args.sweep_interval,
         task_runtime=args.runtime,
         slot_image=args.slot_image,
+        standbys=args.standby,
+        preseeded=dict(args.preseed),
     )
     stopping = threading.Event()
     for stop_signal in (signal.SIGINT, signal.SIGTERM):

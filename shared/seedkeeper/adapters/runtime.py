@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from seedkeeper.adapters import aws
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.runtime import RUNNING, UNKNOWN, Launch, TaskState, TaskStatus
+from seedkeeper.domain.standby import STANDBY_VARIABLE, StandbyPlan
 from seedkeeper.errors import RuntimeUnavailable
 
 if TYPE_CHECKING:
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
 class SlotRuntime(Protocol):
     def launch(self, plan: SlotPlan) -> str:
         """Start the slot task for `plan`; answer its incarnation."""
+        ...
+
+    def launch_standby(self, standby: StandbyPlan) -> str:
+        """Start a standby's task (it waits for its assignment); answer its incarnation."""
         ...
 
     def status(self, incarnation: str) -> TaskStatus: ...
@@ -118,6 +123,8 @@ def started_by(slot: str) -> str:
     return "sk-" + hashlib.sha256(slot.encode()).hexdigest()[:33]
 
 
+# A standby's tasks are started by this (a slot's, by the slot: `started_by`).
+STANDBY_STARTED_BY = "seedkeeper-standby"
 # DescribeTasks takes at most this many tasks a call.
 DESCRIBE_BATCH = 100
 
@@ -128,6 +135,19 @@ class EcsRuntime:
         self._settings = settings
 
     def launch(self, plan: SlotPlan) -> str:
+        # Idempotent per attempt: a retry of this launch returns the same task.
+        return self._run_task(
+            started_by(plan.slot), _client_token(plan), PLAN_VARIABLE, plan.to_env()
+        )
+
+    def launch_standby(self, standby: StandbyPlan) -> str:
+        # Idempotent per standby: its id is the client token.
+        return self._run_task(
+            STANDBY_STARTED_BY, standby.standby, STANDBY_VARIABLE, standby.to_env()
+        )
+
+    def _run_task(self, starter: str, token: str, variable: str, value: str) -> str:
+        """RunTask of the slot task definition with one variable in its container override."""
         settings = self._settings
         assert settings.cluster is not None
         # Those that only look at tasks (the sweep's stops aside, the checkpoint function's
@@ -140,9 +160,8 @@ class EcsRuntime:
                 taskDefinition=settings.task_definition,
                 launchType="FARGATE",
                 count=1,
-                startedBy=started_by(plan.slot),
-                # Idempotent per attempt: a retry of this launch returns the same task.
-                clientToken=_client_token(plan),
+                startedBy=starter,
+                clientToken=token,
                 networkConfiguration={
                     "awsvpcConfiguration": {
                         "subnets": list(settings.subnets),
@@ -154,7 +173,7 @@ class EcsRuntime:
                     "containerOverrides": [
                         {
                             "name": settings.container,
-                            "environment": [{"name": PLAN_VARIABLE, "value": plan.to_env()}],
+                            "environment": [{"name": variable, "value": value}],
                         }
                     ]
                 },

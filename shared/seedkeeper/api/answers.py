@@ -76,6 +76,7 @@ OUTCOMES: Mapping[str, Status] = {
     "CheckpointNotTaken": always(HTTPStatus.OK),
     "TaskRecord": always(HTTPStatus.OK),
     "TaskWrite": always(HTTPStatus.OK),  # how the task's transition went, refused included
+    "StandbyAnswer": always(HTTPStatus.OK),
     "Evidence": always(HTTPStatus.OK),
     "SnapshotStatus": always(HTTPStatus.OK),
     "Health": always(HTTPStatus.OK),

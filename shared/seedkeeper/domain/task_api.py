@@ -8,9 +8,12 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from seedkeeper.domain.models import Incarnation, Model, SlotId
+from seedkeeper.domain.models import Incarnation, Model, ResourceName, SlotId
 from seedkeeper.domain.opwindow import Actor, Operation, OpRef
+from seedkeeper.domain.outcomes import RestoreGrant
+from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import Detail, SeedResult, SlotRecord, Token
+from seedkeeper.domain.standby import StandbyId
 
 
 class TaskOp(Model):
@@ -78,3 +81,19 @@ class TaskWrite(Model):
     def done(self) -> bool:
         """Written, or already true."""
         return self.outcome in {"written", "acknowledged"}
+
+
+class StandbyCall(Model):
+    """A standby's task asking what it is to do."""
+
+    standby: StandbyId
+    resource: ResourceName | None = None  # a pre-seeded one's pool
+    incarnation: Incarnation
+    prepared: bool = False  # a pre-seeded one: its generation restored and verified
+    leaving: bool = False  # it is past its age: retired unless a seed took it meanwhile
+
+
+class StandbyAnswer(Model):
+    state: Literal["preparing", "free", "assigned", "retired"]
+    plan: SlotPlan | None = None  # assigned: the attempt it now runs
+    grant: RestoreGrant | None = None  # preparing: its generation's archives

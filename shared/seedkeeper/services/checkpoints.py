@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated
 
-from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from pydantic import Field
 
 from seedkeeper.adapters.r2 import R2, ObjectFacts
@@ -33,7 +32,7 @@ from seedkeeper.domain.outcomes import CheckpointNotTaken, CheckpointRecorded, U
 from seedkeeper.domain.record import Checkpoint, SlotRecord, State, Supported
 from seedkeeper.domain.refused import Refused
 from seedkeeper.domain.task_api import TaskOp
-from seedkeeper.observability import METRICS_NAMESPACE, logger
+from seedkeeper.observability import count, logger
 from seedkeeper.store.lifecycle import Conflict, Lifecycle
 
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -166,10 +165,7 @@ class CheckpointService:
         if isinstance(outcome, Refused | Conflict):
             return _refused(outcome)
         logger.warning("checkpoint failed", slot=call.slot, reason=call.reason, detail=call.detail)
-        with single_metric(
-            name="CheckpointsFailed", unit=MetricUnit.Count, value=1, namespace=METRICS_NAMESPACE
-        ) as metric:
-            metric.add_dimension(name="reason", value=call.reason)
+        count("CheckpointsFailed", reason=call.reason)
         return CheckpointNotTaken(
             slot=call.slot, state=outcome.record.state.value, retry_at=outcome.record.idle_deadline
         )

@@ -21,8 +21,10 @@ from seedkeeper.domain.snapshots import (
     plan_rotation,
     plan_teardown,
 )
+from seedkeeper.domain.standby import Generation
 from seedkeeper.errors import ResourceNotFound, RotationConflict, SnapshotRefused
 from seedkeeper.store.snapshots import Lost, SnapshotStore
+from seedkeeper.store.standbys import StandbyStore
 
 # What recording a snapshot refuses with (`SnapshotRefused`): an id another resource owns,
 # an id reused for other bytes, an id still owed for deletion.
@@ -31,11 +33,18 @@ RECORD_REFUSALS = ("backup-id-owned", "backup-id-reused", "backup-id-pending-del
 
 class Snapshots:
     def __init__(
-        self, store: SnapshotStore, r2: R2 | None, clock: Callable[[], int] = epoch_seconds
+        self,
+        store: SnapshotStore,
+        r2: R2 | None,
+        clock: Callable[[], int] = epoch_seconds,
+        standbys: StandbyStore | None = None,
     ) -> None:
+        """`standbys`: where the standbys pre-seeded with a resource's generations wait (a
+        rotation retires those it superseded)."""
         self._store = store
         self._r2 = r2
         self._clock = clock
+        self._standbys = standbys
 
     def record(self, new: NewSnapshot) -> Recorded:
         """Record `new` as the current generation and rotate; then pay what is owed."""
@@ -56,6 +65,7 @@ class Snapshots:
             if committed.why == "conflict":
                 raise RotationConflict(new.resource)
             raise SnapshotRefused(committed.why, ", ".join(committed.backup_ids))
+        self._retire_standbys(new.resource, Generation.of(plan.current))
         owed = resident.pending_ids | {debt.backup_id for debt in plan.garbage}
         return Recorded(
             resource=new.resource,
@@ -85,7 +95,14 @@ class Snapshots:
         teardown = plan_teardown(resident, now=self._clock())
         if isinstance(self._store.commit_teardown(teardown), Lost):
             raise RotationConflict(resource)
+        self._retire_standbys(resource, None)
         return self._pay(resident, resident.pending_ids | resident.recorded_ids)
+
+    def _retire_standbys(self, resource: str, current: Generation | None) -> None:
+        """Standbys holding a superseded generation are never taken (a seed's take checks
+        the generation in its own transaction); retired here too, so the sweep stops them."""
+        if self._standbys is not None:
+            self._standbys.retire_superseded(resource, current, self._clock())
 
     def deps_archive(self, resource: str, lockfile_hash: str) -> Archive | None:
         """The dependency archive already recorded for this lockfile, to reuse."""

@@ -11,6 +11,7 @@ slot's own checkpoint. Anyone else gets a 409 reason token and learns nothing mo
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Annotated
 
@@ -36,13 +37,19 @@ from seedkeeper.domain.record import (
 )
 from seedkeeper.domain.refused import Refused
 from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.domain.standby import BLANK_POOL, PoolSettings, Standby, StandbyState
 from seedkeeper.domain.transitions import KEEPALIVE, RESUME, TOUCH, Acknowledged, KeepAlive, Poll
 from seedkeeper.errors import R2Unavailable
+from seedkeeper.observability import count, logger
 from seedkeeper.store.lifecycle import Conflict, Lifecycle, Unmet, Written
 from seedkeeper.store.snapshots import SnapshotStore
+from seedkeeper.store.standbys import StandbyStore
 
 # Re-deciding after a lost race: each round sees a newer record, so few are ever needed.
 _ROUNDS = 4
+# Free standbys a launch tries before it starts a task: each one passed over was taken by
+# another seed in the moment between the look and the take.
+_STANDBY_TRIES = 3
 
 
 class SeedSettings(IdleSettings):
@@ -96,7 +103,13 @@ class SeedService:
         runtime: Callable[[], SlotRuntime],
         settings: SeedSettings,
         clock: Callable[[], int],
+        standbys: StandbyStore | None = None,
+        pools: PoolSettings | None = None,
     ) -> None:
+        """`standbys`, `pools`: where free standbys are found, and how many are kept (none:
+        every launch starts a task)."""
+        self._standbys = standbys
+        self._pools = pools or PoolSettings()
         self._lifecycle = lifecycle
         self._snapshots = snapshots
         self._r2 = r2
@@ -283,11 +296,15 @@ class SeedService:
         return self._launch(record, op)
 
     def _launch(self, record: SlotRecord, op: OpRef) -> SeedOutcome:
-        """Start the attempt's task, then record it. The plan names the attempt and the
-        binding, never a URL: the task asks the checkpoint function for those when it
-        starts. So a relaunch of one attempt sends RunTask exactly what the first launch
-        sent, and its client token answers the same task."""
+        """Give the attempt a free standby when there is one (`_take_standby`); else start
+        its task, then record it. The plan names the attempt and the binding, never a URL:
+        the task asks the checkpoint function for those when it starts. So a relaunch of one
+        attempt sends RunTask exactly what the first launch sent, and its client token
+        answers the same task."""
         plan = SlotPlan.of(record, op, deps_path=self._settings.deps_path)
+        taken = self._take_standby(record, op, plan)
+        if taken is not None:
+            return taken
         incarnation = self._runtime().launch(plan)
         for _ in range(_ROUNDS):
             outcome = self._lifecycle.write(
@@ -303,6 +320,62 @@ class SeedService:
                 break
             record = outcome.current.record  # the task settled or a poll touched: re-decide
         return outcome_of(record)
+
+    def _take_standby(self, record: SlotRecord, op: OpRef, plan: SlotPlan) -> SeedOutcome | None:
+        """Bind a free standby's task to this attempt: the standby's move to `assigned` and
+        the record's incarnation in one transaction (one slot per standby, at most one task
+        per attempt), with, for a pre-seeded one, the proof that its generation is still
+        the resource's current one. One holding the seed's generation first, else a blank
+        one, tried in random order so racing seeds spread; one taken meanwhile is passed
+        over. None: no standby could be taken, and the caller launches a task."""
+        standbys = self._standbys
+        if standbys is None or not self._pools.any:
+            return None
+        seed = plan.binding.seed
+        candidates: list[Standby] = []
+        if seed is not None and not record.resuming and self._pools.preseeded.get(seed.resource):
+            candidates += free_standbys(
+                standbys.pool(seed.resource, consistent=False),
+                holding=seed,
+            )
+        if self._pools.pool:
+            candidates += free_standbys(standbys.pool(BLANK_POOL, consistent=False))
+        for standby in candidates[:_STANDBY_TRIES]:
+            assert standby.incarnation is not None  # a free standby's task reported in
+            now = self._clock()
+            alongside = [standbys.take(standby, plan, now)]
+            if standby.preseed is not None:
+                generation = standby.preseed
+                alongside.append(
+                    self._snapshots.current_check(generation.resource, generation.generation)
+                )
+            launched = transitions.Launched(incarnation=standby.incarnation, launch=op, now=now)
+            outcome = self._lifecycle.write_with(
+                transitions.RECORD_INCARNATION, record, launched, alongside
+            )
+            if isinstance(outcome, Unmet):
+                continue  # taken by another seed, retired, or its generation superseded
+            if isinstance(outcome, Written | Acknowledged):
+                logger.info("standby taken", slot=record.slot, preseeded=bool(standby.preseed))
+                return outcome_of(outcome.record)
+            if isinstance(outcome, Conflict) and isinstance(outcome.current, Supported):
+                return outcome_of(outcome.current.record)  # moved: a task or verdict is there
+            return outcome_of(record)
+        count("StandbyPoolEmpty")
+        return None
+
+
+def free_standbys(standbys: list[Standby], *, holding: SeedIdentity | None = None) -> list[Standby]:
+    """The free ones (holding the seed's generation, when given), in random order."""
+    free = [
+        s
+        for s in standbys
+        if s.state is StandbyState.FREE
+        and s.incarnation is not None
+        and (holding is None or (s.preseed is not None and s.preseed.holds(holding)))
+    ]
+    random.shuffle(free)
+    return free
 
 
 def outcome_of(record: SlotRecord) -> Seeded | NotSeeded | Cold | Seeding:

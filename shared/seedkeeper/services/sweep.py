@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -69,8 +68,9 @@ from seedkeeper.domain.transitions import (
     Stopped,
 )
 from seedkeeper.errors import RuntimeUnavailable
-from seedkeeper.observability import METRICS_NAMESPACE, logger
+from seedkeeper.observability import count, logger
 from seedkeeper.services.rotation import Snapshots
+from seedkeeper.services.standbys import PoolReport, StandbyPool
 from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper.store.sweep_index import START, OwedCheckpoint, Position, SweepIndex
 
@@ -122,6 +122,7 @@ class Report:
     resumed_from_cursor: bool = False
     finished: bool = False
     debts_paid: int = 0
+    standbys: PoolReport = field(default_factory=PoolReport)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -136,6 +137,7 @@ class Report:
             "left": dict(self.left),
             "finished": self.finished,
             "debts_paid": self.debts_paid,
+            "standbys": vars(self.standbys),
         }
 
 
@@ -152,7 +154,10 @@ class Sweeper:
         retention: RetentionSettings,
         clock: Callable[[], int],
         retained_alert_after: int = RETAINED_ALERT_AFTER,
+        pool: StandbyPool | None = None,
     ) -> None:
+        """`pool`: the standby slots it keeps (DESIGN §12), at every sweep."""
+        self._pool = pool
         self._index = index
         self._lifecycle = lifecycle
         self._runtime = runtime
@@ -182,8 +187,15 @@ class Sweeper:
         report.finished = position is None
         self._index.keep_progress(progress.shards, position)
         report.debts_paid = self._pay_debts(now)
+        if self._pool is not None:
+            report.standbys = self._pool.tend()
         self._emit(report)
         return report
+
+    def tend_standbys(self) -> PoolReport:
+        """The standby pools alone, on a schedule of their own (every minute): a pool a
+        burst of seeds emptied is refilled sooner than the next sweep."""
+        return self._pool.tend() if self._pool is not None else PoolReport()
 
     def _one(
         self, classified: Classified, now: int, states: dict[str, TaskState], report: Report
@@ -330,11 +342,8 @@ class Sweeper:
             ("SlotsRetained", report.retained),
             ("SlotsRetainedLong", report.retained_long),
         ):
-            for reason, count in by_reason.items():
-                with single_metric(
-                    name=name, unit=MetricUnit.Count, value=count, namespace=METRICS_NAMESPACE
-                ) as metric:
-                    metric.add_dimension(name="reason", value=reason)
+            for reason, retained in by_reason.items():
+                count(name, retained, reason=reason)
         for name, slots in (
             ("SlotsStopped", report.stopped),
             ("CheckpointsRequested", report.checkpoints_requested),
@@ -342,8 +351,5 @@ class Sweeper:
             ("SlotsLost", report.lost),
         ):
             if slots:
-                with single_metric(
-                    name=name, unit=MetricUnit.Count, value=len(slots), namespace=METRICS_NAMESPACE
-                ):
-                    pass
+                count(name, len(slots))
         logger.info("sweep done", **report.summary())

@@ -142,14 +142,25 @@ class TaskStarts:
         if archives is None:
             logger.warning("task start: seed rotated out", slot=record.slot)
             return Refused("seed-missing", "no recorded generation names the seed")
-        checkout, deps = archives
-        return RestoreGrant(
-            checkout=self._presign(backup_key(checkout.backup_id), checkout),
-            deps=self._presign(backup_key(deps.backup_id), deps) if deps is not None else None,
-            expires_in=self._presign_expiry,
-        )
+        return archives_grant(self._r2, *archives, expires_in=self._presign_expiry)
 
     def _presign(self, key: str, recorded: Archive | Checkpoint) -> GrantedArchive:
         assert self._r2 is not None
-        url = self._r2.presign_get(key, self._presign_expiry)
-        return GrantedArchive(url=url, size=recorded.size, sha256=recorded.sha256)
+        return presigned(self._r2, key, recorded, self._presign_expiry)
+
+
+def presigned(r2: R2, key: str, recorded: Archive | Checkpoint, expires_in: int) -> GrantedArchive:
+    """A GET of `key`, with the size and sha256 the records name for it."""
+    url = r2.presign_get(key, expires_in)
+    return GrantedArchive(url=url, size=recorded.size, sha256=recorded.sha256)
+
+
+def archives_grant(
+    r2: R2, checkout: Archive, deps: Archive | None, *, expires_in: int
+) -> RestoreGrant:
+    """The GETs of a seed's recorded archives."""
+    return RestoreGrant(
+        checkout=presigned(r2, backup_key(checkout.backup_id), checkout, expires_in),
+        deps=presigned(r2, backup_key(deps.backup_id), deps, expires_in) if deps else None,
+        expires_in=expires_in,
+    )

@@ -11,7 +11,7 @@ caller re-decides on it. Nothing here retries blindly.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
@@ -223,13 +223,36 @@ class Lifecycle(Records):
     def write(self, transition: Transition[P], record: SlotRecord, params: P) -> Outcome:
         """Decide `transition` on `record` as read and write a `Change` as one UpdateItem,
         conditional on the record being as read and on the transition's own checks."""
+        written = self._write(transition, record, params, alongside=())
+        assert not isinstance(written, Unmet)  # nothing alongside: nothing else to meet
+        return written
+
+    def write_with(
+        self,
+        transition: Transition[P],
+        record: SlotRecord,
+        params: P,
+        alongside: Sequence[Mapping[str, Any]],
+    ) -> Outcome | Unmet:
+        """`write`, in one transaction with `alongside` (writes or checks of other items,
+        each with its own condition): `Unmet` when one of those failed, nothing written."""
+        return self._write(transition, record, params, alongside=alongside)
+
+    def _write(
+        self,
+        transition: Transition[P],
+        record: SlotRecord,
+        params: P,
+        *,
+        alongside: Sequence[Mapping[str, Any]],
+    ) -> Outcome | Unmet:
         decision = transition.decide(record, params)
         if not isinstance(decision, Change):
             return decision
         unchanged_since_read = Attr("rev").eq(record.rev) & Attr("schema").eq(SCHEMA)
         condition = unchanged_since_read & _checks(transition, params)
-        if decision.owes:
-            return self._write_owing(record, decision, condition)
+        if decision.owes or alongside:
+            return self._transact(record, decision, condition, alongside)
         expression, names, values = self._update(record, decision.record)
         try:
             self._table.update_item(
@@ -250,11 +273,15 @@ class Lifecycle(Records):
         shards = self._shards
         return _update_expression(encode(before, shards=shards), encode(after, shards=shards))
 
-    def _write_owing(
-        self, record: SlotRecord, decision: Change, condition: ConditionBase
-    ) -> Written | Conflict:
-        """The record's update and a ledger debt for each object it owes, in one
-        transaction: an object stops being named only where its deletion is owed."""
+    def _transact(
+        self,
+        record: SlotRecord,
+        decision: Change,
+        condition: ConditionBase,
+        alongside: Sequence[Mapping[str, Any]],
+    ) -> Written | Conflict | Unmet:
+        """The record's update, a ledger debt for each object it owes (an object stops
+        being named only where its deletion is owed), and `alongside`, in one transaction."""
         slot = record.slot
         expression, names, values = self._update(record, decision.record)
         built = transaction_condition(condition)
@@ -286,14 +313,17 @@ class Lifecycle(Records):
         ]
         try:
             self._table.meta.client.transact_write_items(
-                TransactItems=[{"Update": update}, *debts]  # type: ignore[list-item,typeddict-item]
+                TransactItems=[{"Update": update}, *debts, *alongside]  # type: ignore[list-item,typeddict-item]
             )
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
                 raise translate_client_error(error) from error
-            reasons = [*error.response.get("CancellationReasons", []), {}][0]
-            if reasons.get("Code") == "ConditionalCheckFailed":
-                return Conflict(classify(slot, _item(reasons.get("Item"))))
+            reasons = [*error.response.get("CancellationReasons", []), {}]
+            if reasons[0].get("Code") == "ConditionalCheckFailed":
+                return Conflict(classify(slot, _item(reasons[0].get("Item"))))
+            others = reasons[1 + len(debts) : 1 + len(debts) + len(alongside)]
+            if any(reason.get("Code") == "ConditionalCheckFailed" for reason in others):
+                return Unmet()
             return Conflict(self.read(slot))  # a concurrent write: re-decide on what is there
         return Written(decision.record, decision.entry)
 

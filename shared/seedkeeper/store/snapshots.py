@@ -139,6 +139,13 @@ class SnapshotStore:
         check = _check(_pk(seed.resource), CURRENT_SK, names)
         return {kind: {"TableName": self._table.name, **body} for kind, body in check.items()}
 
+    def current_check(self, resource: str, generation: int) -> dict[str, Any]:
+        """A transaction item that holds only while `generation` is the resource's current
+        one: a pre-seeded standby is handed out only while its generation is not superseded."""
+        current = Attr("schema").eq(SCHEMA) & Attr("generation").eq(generation)
+        check = _check(_pk(resource), CURRENT_SK, current)
+        return {kind: {"TableName": self._table.name, **body} for kind, body in check.items()}
+
     def commit_teardown(self, teardown: Teardown) -> Committed | Lost:
         """Remove every record; every object they named becomes a ledger debt."""
         read = teardown.read

@@ -31,6 +31,7 @@ from typing import Any
 from seedkeeper.adapters.runtime import not_a_credential, started_by
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.runtime import RUNNING, UNKNOWN, Launch, TaskState, TaskStatus
+from seedkeeper.domain.standby import STANDBY_VARIABLE, StandbyPlan
 from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.observability import logger
 from seedkeeper_tools.infra import load_template
@@ -47,6 +48,7 @@ TASK_DEFINITION_OPTIONS = (
     "SEEDKEEPER_DOWNLOAD_PARTS",
     "SEEDKEEPER_DOWNLOAD_STALL_TIMEOUT",
     "SEEDKEEPER_DOWNLOAD_RETRIES",
+    "SEEDKEEPER_STANDBY_POLL",
 )
 _PREFIX = "docker:"
 _LIVE = {"created", "running", "restarting", "paused", "removing"}
@@ -96,14 +98,22 @@ class DockerRuntime:
             raise RuntimeUnavailable(f"docker: {why}")
 
     def launch(self, plan: SlotPlan) -> str:
-        name = self._name(plan)
+        return self._run(self._name(plan), plan.slot, {PLAN_VARIABLE: plan.to_env()})
+
+    def launch_standby(self, standby: StandbyPlan) -> str:
+        """A standby's container: named after its id (`_<id>`, which no slot's name part can
+        be: a slot id starts with a letter or digit), labelled with no slot."""
+        name = f"seedkeeper-{self._stack}-_{standby.standby}-1"
+        return self._run(name, "", {STANDBY_VARIABLE: standby.to_env()})
+
+    def _run(self, name: str, slot: str, plan: dict[str, str]) -> str:
         environment = self._environment(plan, _PREFIX + name)
         command = [
             "docker", "run", "--detach", "--quiet", "--name", name,
             "--network", "host", *(["--init"] if self._init else []),
             "--stop-timeout", str(self._stop_timeout),
             "--label", f"seedkeeper.stack={self._stack}",
-            "--label", f"seedkeeper.slot={plan.slot}",
+            "--label", f"seedkeeper.slot={slot}",
             # Names only: each value comes from this process's environment, never argv.
             *(argument for variable in environment for argument in ("--env", variable)),
             self._image,
@@ -218,7 +228,7 @@ class DockerRuntime:
         result = _docker(["docker", "inspect", "--format", "{{.State.Status}}", name])
         return result.stdout.strip() if result.returncode == 0 else None
 
-    def _environment(self, plan: SlotPlan, incarnation: str) -> dict[str, str]:
+    def _environment(self, plan: dict[str, str], incarnation: str) -> dict[str, str]:
         names = (
             *self._definition_names,
             *ECS_ENVIRONMENT,
@@ -227,13 +237,16 @@ class DockerRuntime:
         )
         environment = {name: os.environ[name] for name in names if name in os.environ}
         keys = self._keys.issue(incarnation)
-        return environment | {
-            "AWS_EXECUTION_ENV": "AWS_ECS_FARGATE",
-            PLAN_VARIABLE: plan.to_env(),
-            "SEEDKEEPER_INCARNATION": incarnation,
-            "AWS_ACCESS_KEY_ID": keys.access_key,
-            "AWS_SECRET_ACCESS_KEY": keys.secret_key,
-        }
+        return (
+            environment
+            | plan
+            | {
+                "AWS_EXECUTION_ENV": "AWS_ECS_FARGATE",
+                "SEEDKEEPER_INCARNATION": incarnation,
+                "AWS_ACCESS_KEY_ID": keys.access_key,
+                "AWS_SECRET_ACCESS_KEY": keys.secret_key,
+            }
+        )
 
 
 def _docker(

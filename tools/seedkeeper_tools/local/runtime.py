@@ -34,6 +34,7 @@ from pathlib import Path
 from seedkeeper.adapters.runtime import SLOT_UIDS_FROM, not_a_credential
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.runtime import RUNNING, UNKNOWN, Launch, TaskState, TaskStatus
+from seedkeeper.domain.standby import LOCAL_STANDBY_PREFIX, STANDBY_VARIABLE, StandbyPlan
 from seedkeeper.observability import logger
 from seedkeeper_task.restore.extract import remove_tree
 from seedkeeper_task.sandbox import end_user_processes, let_slot_user_reach
@@ -63,6 +64,7 @@ LOCAL_TASK_ENVIRONMENT = (
     # only) and how often the task reads its record for a checkpoint request.
     "SEEDKEEPER_CHECKPOINT_URL",
     "SEEDKEEPER_WATCH_INTERVAL",
+    "SEEDKEEPER_STANDBY_POLL",  # how often a standby asks for its assignment
     # A platform stop's checkpoint budget, and how long a lost slot's record is kept.
     "SEEDKEEPER_STOP_TIMEOUT",
     "SEEDKEEPER_PARK_RETENTION",
@@ -138,24 +140,40 @@ class LocalRuntime:
         return max((int(record.stem.removeprefix("attempt-")) for record in launched), default=None)
 
     def launch(self, plan: SlotPlan) -> str:
-        incarnation = f"local:{plan.slot}:{plan.attempt}"
+        return self._launch(plan.slot, plan.attempt, {PLAN_VARIABLE: plan.to_env()})
+
+    def launch_standby(self, standby: StandbyPlan) -> str:
+        """A standby's task, as a slot of its own (`_standby-<id>`, a name no executor can
+        give): its workspace, and its slot user, are the slot's it is assigned to."""
+        slot = LOCAL_STANDBY_PREFIX + standby.standby
+        return self._launch(slot, 1, {STANDBY_VARIABLE: standby.to_env()})
+
+    def _launch(self, slot: str, attempt: int, plan: dict[str, str]) -> str:
+        incarnation = f"local:{slot}:{attempt}"
         record = self._record(incarnation)
         claim = _create_locked(record)
         if claim is None:  # this attempt was launched already, or is being: the same task
             return incarnation
         with os.fdopen(claim, "w") as claimed:
             try:
-                process = self._start(plan, incarnation, record.parent)
+                process = self._start(slot, attempt, plan, incarnation, record.parent)
             except BaseException:
                 record.unlink()  # nothing started: a later launch of the attempt may start it
                 raise
             claimed.write(json.dumps({"pid": process.pid, "started": process.started}))
         return incarnation
 
-    def _start(self, plan: SlotPlan, incarnation: str, folder: Path) -> _Process:
+    def workspace_of(self, incarnation: str) -> Path:
+        """The workspace of the task `incarnation` (a standby's too): gone once it stopped."""
+        _, slot, attempt = incarnation.split(":")
+        return self._workspace(slot, int(attempt))
+
+    def _start(
+        self, slot: str, attempt: int, plan: dict[str, str], incarnation: str, folder: Path
+    ) -> _Process:
         # The attempt's own: only its launch, which holds its record, creates it. One that is
         # there already was left by a launch that started nothing.
-        workspace = self._workspace(plan.slot, plan.attempt)
+        workspace = self._workspace(slot, attempt)
         workspace.mkdir(parents=True, exist_ok=True)
         # Searchable, not listable: a slot user reaches its own workspace by name.
         for searchable in (self._root, workspace.parent):
@@ -166,15 +184,15 @@ class LocalRuntime:
             # Root's, searchable by the slot's own group alone (its user's gid is its uid):
             # slot names are the executor's and attempts count from 1, so another slot's
             # sandbox could guess the path and read every file the archive made readable.
-            os.chown(workspace, 0, self._allocate_slot_uid(plan.slot))
+            os.chown(workspace, 0, self._allocate_slot_uid(slot))
             workspace.chmod(0o710)
         log = os.open(
-            folder / f"attempt-{plan.attempt}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
+            folder / f"attempt-{attempt}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
         )
         try:
             process = subprocess.Popen(
                 self._command,
-                env=self._environment(plan, incarnation, workspace),
+                env=self._environment(slot, plan, incarnation, workspace),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -189,7 +207,7 @@ class LocalRuntime:
         started = _Process(pid=process.pid, started=_start_time(process.pid))  # before the reap
         reaper = threading.Thread(
             target=self._reap,
-            args=(process, started, plan.slot, plan.attempt),
+            args=(process, started, slot, attempt),
             name=f"reap-{incarnation}",
             daemon=True,
         )
@@ -294,19 +312,20 @@ class LocalRuntime:
             claimed.write(str(self._root))
         return True
 
-    def _environment(self, plan: SlotPlan, incarnation: str, workspace: Path) -> dict[str, str]:
+    def _environment(
+        self, slot: str, plan: dict[str, str], incarnation: str, workspace: Path
+    ) -> dict[str, str]:
         names = (*LOCAL_TASK_ENVIRONMENT, *self._passthrough)
         environment = {name: os.environ[name] for name in names if name in os.environ}
         keys = self._keys.issue(incarnation)
-        environment |= {
-            PLAN_VARIABLE: plan.to_env(),
+        environment |= plan | {
             "SEEDKEEPER_WORKSPACE": str(workspace),
             "SEEDKEEPER_INCARNATION": incarnation,
             "AWS_ACCESS_KEY_ID": keys.access_key,
             "AWS_SECRET_ACCESS_KEY": keys.secret_key,
         }
         if os.geteuid() == 0:
-            uid = str(self._allocate_slot_uid(plan.slot))
+            uid = str(self._allocate_slot_uid(slot))
             environment |= {"SEEDKEEPER_SLOT_UID": uid, "SEEDKEEPER_SLOT_GID": uid}
         return environment
 

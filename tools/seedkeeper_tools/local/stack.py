@@ -22,13 +22,15 @@ else.
 from __future__ import annotations
 
 import fcntl
+import json
 import math
 import os
 import secrets
 import threading
 import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Literal, TypeVar
 
 import boto3
 from aws_lambda_powertools.logging.lambda_context import build_lambda_context_model
@@ -36,8 +38,10 @@ from aws_lambda_powertools.logging.lambda_context import build_lambda_context_mo
 from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings, sweeper_from_env
+from seedkeeper.domain.standby import PoolSettings
 from seedkeeper.errors import SeedkeeperError
 from seedkeeper.observability import logger
+from seedkeeper.services.standbys import PoolReport
 from seedkeeper.services.sweep import Report
 from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.local.docker import DEFAULT_IMAGE, DockerRuntime
@@ -51,12 +55,15 @@ from seedkeeper_tools.local.principals import (
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.store import StoreProcess
 
+T = TypeVar("T")
 # The stack's one region: its AWS_DEFAULT_REGION, and the only scope the gateway accepts.
 REGION = "us-east-1"
 # Seconds between sweeps, at least: less would sweep back to back, holding the functions up.
 MIN_SWEEP_INTERVAL = 1.0
 # The idle sweep's function name, as the functions' are named (`seedkeeper-<folder>`).
 IDLE_SWEEP = "seedkeeper-idle_sweep"
+# Seconds between two looks at the standby pools (AWS: a schedule of every minute).
+STANDBY_INTERVAL = 2.0
 # In the data directory, locked for as long as a stack uses it.
 LOCK_FILE = ".stack.lock"
 
@@ -78,10 +85,15 @@ class LocalStack:
         slot_image: str = DEFAULT_IMAGE,
         park_retention: int | None = None,
         watch_interval: float | None = None,
+        standbys: int = 0,
+        preseeded: Mapping[str, int] | None = None,
+        standby_interval: float = STANDBY_INTERVAL,
     ) -> None:
         """`park_retention` (seconds) and `watch_interval` (a slot task's, seconds): None
         leaves what the environment says (`SEEDKEEPER_PARK_RETENTION`, else the template's
-        default; `SEEDKEEPER_WATCH_INTERVAL`, else the task's own default)."""
+        default; `SEEDKEEPER_WATCH_INTERVAL`, else the task's own default). `standbys`
+        blank standby slots are kept, and `preseeded[resource]` holding each resource's
+        current generation, tended every `standby_interval` seconds (DESIGN §12)."""
         if not (math.isfinite(sweep_interval) and sweep_interval >= MIN_SWEEP_INTERVAL):
             raise LocalStackRefused(
                 f"--sweep-interval must be at least {MIN_SWEEP_INTERVAL:g} second "
@@ -96,10 +108,13 @@ class LocalStack:
         self.idle_window = idle_window
         self.park_retention = park_retention
         self.watch_interval = watch_interval
+        self.pools = PoolSettings(pool=standbys, preseeded=dict(preseeded or {}))
+        self.standby_interval = standby_interval
         self._store: StoreProcess | None = None
         self._gateway: FunctionUrlGateway | None = None
         self._stopping = threading.Event()
         self._sweeper: threading.Thread | None = None
+        self._tender: threading.Thread | None = None
         self._saved: dict[str, str | None] = {}
         self._lock: IO[str] | None = None
         # The table's and the bucket's name: fresh for each stack, so that nothing one
@@ -174,6 +189,9 @@ class LocalStack:
         self._gateway.start()
         self._sweeper = threading.Thread(target=self._sweep_on_a_timer, daemon=True)
         self._sweeper.start()
+        if self.pools.any:
+            self._tender = threading.Thread(target=self._tend_on_a_timer, daemon=True)
+            self._tender.start()
 
     def _hold_data_dir(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -190,15 +208,23 @@ class LocalStack:
 
     def sweep(self) -> Report:
         """A sweep now, as the timer runs one: beside the functions' invocations, as the
-        scheduled function runs in AWS (in execution environments of its own). Its log lines
-        name it: Powertools' logger keys are process-wide and each invocation sets them, so
-        the sweep's Lambda context keys are its thread's own, which outrank those."""
+        scheduled function runs in AWS (in execution environments of its own)."""
+        return self._as_sweep(lambda: sweeper_from_env().sweep())
+
+    def tend_standbys(self) -> PoolReport:
+        """The standby pools tended now, as their schedule tends them."""
+        return self._as_sweep(lambda: sweeper_from_env().tend_standbys())
+
+    def _as_sweep(self, run: Callable[[], T]) -> T:
+        """`run` as the idle sweep function. Its log lines name it: Powertools' logger keys
+        are process-wide and each invocation sets them, so the sweep's Lambda context keys
+        are its thread's own, which outrank those."""
         context = LocalContext(function_name=IDLE_SWEEP, aws_request_id=str(uuid.uuid4()))
         keys = {"cold_start": False, **vars(build_lambda_context_model(context))}
         logger.thread_safe_append_keys(**keys)
         try:
             with acting_as("idle_sweep"):
-                return sweeper_from_env().sweep()
+                return run()
         finally:
             logger.thread_safe_remove_keys(keys)
 
@@ -231,8 +257,9 @@ class LocalStack:
             self._gateway.stop()
         self.runtime.stop_all()
         TaskKeys(self.data_dir).revoke_all()  # what a task that outlived its stop still held
-        if self._sweeper is not None:
-            self._sweeper.join()
+        for timer in (self._sweeper, self._tender):
+            if timer is not None:
+                timer.join()
         if self._store is not None:
             self._store.stop()
         for name, value in self._saved.items():
@@ -267,6 +294,9 @@ class LocalStack:
             "SEEDKEEPER_IDLE_WINDOW": str(self.idle_window),
             # The role whose sessions (the tasks' own keys) the checkpoint function serves.
             "SEEDKEEPER_TASK_ROLE_ARN": TASK_ROLE_ARN,
+            # The standby pools, read by the seed function and the sweep alike.
+            "SEEDKEEPER_STANDBY_POOL": str(self.pools.pool),
+            "SEEDKEEPER_STANDBY_PRESEEDED": json.dumps(self.pools.preseeded),
         }
         # The retention the handlers and the sweep share: as told, else as the environment
         # says, else the deployment's default.
@@ -297,6 +327,16 @@ class LocalStack:
                 self.sweep()
             except Exception:
                 logger.exception("local sweep failed")
+
+    def _tend_on_a_timer(self) -> None:
+        """At once (a stack's standbys start with it), then every standby interval."""
+        while True:
+            try:
+                self.tend_standbys()
+            except Exception:
+                logger.exception("local standby pools not tended")
+            if self._stopping.wait(self.standby_interval):
+                return
 
 
 def _template_default(parameter: str) -> object:
