@@ -40,7 +40,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from builders import ORIGIN, owner, seed, stored_in
+from builders import NOW, ORIGIN, owner, seed, stored_in
 from conftest import Stack
 from functions import Context, as_task, event
 from seedkeeper import config
@@ -49,8 +49,9 @@ from seedkeeper.domain.opwindow import OpKind
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import State
 from seedkeeper.domain.runtime import RUNNING, Launch, TaskState, TaskStatus
-from seedkeeper.domain.standby import StandbyPlan
+from seedkeeper.domain.standby import Standby, StandbyPlan, StandbyState
 from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper.store.standbys import StandbyStore
 from seedkeeper_task.capture import upload
 from seedkeeper_tools.infra import FUNCTIONS
 
@@ -78,9 +79,12 @@ ROUTES = [
     ("checkpoint", "/tasks/checkpoint-on-stop", "POST"),
     ("checkpoint", "/tasks/park-on-stop", "POST"),
     ("checkpoint", "/tasks/lose", "POST"),
+    ("checkpoint", "/tasks/standby", "POST"),
 ]
 # The slot task's record routes (the checkpoint function, its API): each the task's own.
-TASK_RECORD_ROUTES = [path for function, path, _ in ROUTES if path.startswith("/tasks/")][1:]
+TASK_RECORD_ROUTES = [
+    path for function, path, _ in ROUTES if path.startswith("/tasks/") and path != "/tasks/start"
+]
 
 # The answer is declared for its route: its status, its content type, its body.
 CONFORMANCE = [status_code_conformance, content_type_conformance, response_schema_conformance]
@@ -384,6 +388,17 @@ def test_every_real_answer_conforms_to_the_generated_document(
         send("checkpoint", "POST", path, 403, body=stranger)
         send("checkpoint", "POST", path, 400, body=request | {"slot": "../x"})
         send("checkpoint", "POST", path, 415, **not_json)
+    # A standby's ask: its own item (reported in: free), anyone else's refused.
+    standby = Standby(standby="5" * 32, state=StandbyState.STARTING, launched_at=NOW)
+    standbys = StandbyStore(stack.table)
+    assert standbys.register(standby)
+    assert standbys.launched(standby, incarnation)
+    asked = {"standby": standby.standby, "incarnation": incarnation}
+    assert send("checkpoint", "POST", "/tasks/standby", 200, body=asked)["state"] == "free"
+    stranger = asked | {"incarnation": incarnation.replace("0123", "9999")}
+    send("checkpoint", "POST", "/tasks/standby", 403, body=stranger)
+    send("checkpoint", "POST", "/tasks/standby", 400, body=asked | {"standby": "../x"})
+    send("checkpoint", "POST", "/tasks/standby", 415, **not_json)
     unconfigured = captured | {"slot": "checkpointing-3"}
     stored_in(lifecycle, "checkpointing-3", State.CHECKPOINTING, incarnation)
     monkeypatch.delenv("SEEDKEEPER_R2_BUCKET")
@@ -416,6 +431,7 @@ def test_every_real_answer_conforms_to_the_generated_document(
     send("checkpoint", "POST", "/tasks/start", 500, body=started)
     for path, request in tasks.items():
         send("checkpoint", "POST", path, 500, body=request)
+    send("checkpoint", "POST", "/tasks/standby", 500, body=asked)
 
     declared = {
         (function, method.upper(), path, int(status))

@@ -1,7 +1,9 @@
 """`seedkeeper demo` (`make demo`): the whole protocol on one machine, checked step by step.
 
-It starts the local stack, publishes a snapshot of a real git repository, seeds a claimed
-slot and a cold slot through the signed client, shows a receipt and slot evidence, leaves
+It starts the local stack with standby slots (one blank, one holding the resource's current
+generation), publishes a snapshot of a real git repository, seeds a claimed slot (served by
+the pre-seeded standby: only its claim is bound) and a cold slot through the signed client,
+shows a receipt and slot evidence, leaves
 uncommitted work in the seeded checkout, lets a short idle window pass and sweeps: the cold
 slot is stopped, the seeded one is asked to checkpoint; its slot task freezes the sandbox,
 captures the checkout and uploads it, the checkpoint function verifies and records it; the
@@ -9,16 +11,15 @@ next sweep parks the slot (its task stopped); the work is then read back from R2
 checked. The owner's next seed resumes the slot from its checkpoint with the work intact,
 and a sweep deletes the superseded checkpoint. A platform stop (SIGTERM, as Spot sends)
 makes the slot task checkpoint and park its slot itself; a crash (SIGKILL: nothing can be
-saved) is found by the sweep and recorded `lost`, which the receipt says. It rotates twice
+saved) is found by the sweep and recorded `lost`, which the receipt says; that slot is served
+by a blank standby, which restores it. It rotates twice
 and shows the generations. It prints each step's outcome and timing, and exits 0 only when
 every outcome is what the protocol requires.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import os
 import secrets
 import subprocess
@@ -40,8 +41,10 @@ from seedkeeper.domain.outcomes import Cold, Seeded
 from seedkeeper.domain.record import SlotRecord, State, Supported
 from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.domain.snapshots import NewSnapshot
+from seedkeeper.domain.standby import BLANK_POOL, Standby, StandbyState
 from seedkeeper.observability import logger
 from seedkeeper.services.sweep import Report
+from seedkeeper.store.standbys import StandbyStore
 from seedkeeper_task.supervisor import CHECKOUT
 from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.local.principals import LocalCredentials
@@ -50,6 +53,7 @@ from seedkeeper_tools.local.stack import LocalStack
 from seedkeeper_tools.publish import backup_id_for, head_of, upload_archive
 
 RESOURCE = "demo-widgets"
+OTHER_RESOURCE = "demo-gadgets"
 ORIGIN = "https://git.example.com/demo/widgets.git"
 IDLE_WINDOW = 3
 UNPUBLISHED = "work nobody has pushed yet\n"
@@ -78,6 +82,9 @@ class Demo:
             sweep_interval=3600,  # the demo sweeps when it means to
             idle_window=IDLE_WINDOW,
             watch_interval=0.5,  # slot tasks look at their record often: the demo waits
+            standbys=1,
+            preseeded={RESOURCE: 1},
+            standby_interval=1.0,  # refilled at once: the demo seeds one after another
         )
         self.signing = Credentials(credentials.access_key, credentials.secret_key)
 
@@ -110,6 +117,13 @@ class Demo:
             return f"generation {recorded.current.generation} of {RESOURCE}", recorded.rotated
 
         self.step("publish a snapshot of a real git repository", publish)
+
+        def waiting() -> tuple[str, bool]:
+            blank, held = self._free(BLANK_POOL), self._free(RESOURCE)
+            ready = f"holding generation {held.preseed.generation}" if held and held.preseed else ""
+            return f"blank: {bool(blank)}; pre-seeded, {ready or 'none'}", bool(blank and ready)
+
+        self.step("standby slots wait, one restored ahead", waiting)
         status = client.snapshot_status(RESOURCE)
         handle = status.seed_handle
         assert handle is not None
@@ -124,15 +138,23 @@ class Demo:
         )
 
         def seeded() -> tuple[str, bool]:
+            held = self._free(RESOURCE)
             answer = client.seed("demo-seeded", seed, claim=claim, origin=ORIGIN, wait=True)
-            ok = isinstance(answer, Seeded) and answer.sha == handle.sha
-            return f"seeded={getattr(answer, 'seeded', None)} sha={handle.sha[:12]}", ok
+            if not isinstance(answer, Seeded):
+                return f"not seeded: {answer}", False
+            ahead = sum(ms for step, ms in answer.steps.items() if step.startswith("prepared_"))
+            text = (
+                f"sha={handle.sha[:12]}, by the pre-seeded standby: claim bound in "
+                f"{answer.steps.get('bind', 0)} ms (restored ahead in {ahead} ms)"
+            )
+            by_it = held is not None and answer.incarnation == held.incarnation
+            return text, answer.sha == handle.sha and by_it and "download" not in answer.steps
 
         def cold() -> tuple[str, bool]:
             answer = client.seed("demo-cold", None, wait=True)
             return f"state={getattr(answer, 'state', '?')}", isinstance(answer, Cold)
 
-        self.step("seed a claimed slot, poll to the final answer", seeded)
+        self.step("seed a claimed slot of that generation, poll to the answer", seeded)
         self.step("seed a cold slot", cold)
         incarnation = self._incarnation("demo-seeded")
 
@@ -150,7 +172,7 @@ class Demo:
         before = self._park(client, seed, claim, incarnation)
         self._resume(client, seed, claim, before)
         self._platform_stop(client, seed, claim)
-        self._crash(client, seed, claim)
+        self._crash(client, self._another_resource(client, repo, r2), claim)
         self._rotate(client, repo, r2)
 
     def _park(
@@ -160,11 +182,12 @@ class Demo:
         the work's `git status`."""
         checkout = self._leave_work("demo-seeded")
         before = _git_output(checkout, "status", "--porcelain")
+        cold = self._incarnation("demo-cold")
 
         def sweep() -> tuple[str, bool]:
             time.sleep(IDLE_WINDOW + 1)
             report = self._sweep()
-            cold_gone = self.stack.runtime.status("local:demo-cold:1") is TaskStatus.STOPPED
+            cold_gone = self.stack.runtime.status(cold) is TaskStatus.STOPPED
             kept = self.stack.runtime.status(incarnation) is TaskStatus.RUNNING
             outcome = f"stopped={report.stopped} asked to checkpoint={report.checkpoints_requested}"
             asked = report.checkpoints_requested == ["demo-seeded"]
@@ -273,13 +296,15 @@ class Demo:
         crashed_claim = claim.model_copy(update={"run": "demo-run-2", "thread": "demo-thread-2"})
 
         def seeded() -> tuple[str, bool]:
+            blank = self._free(BLANK_POOL)
             answer = client.seed("demo-crash", seed, claim=crashed_claim, origin=ORIGIN, wait=True)
-            ok = isinstance(answer, Seeded)
-            if ok:
-                self._leave_work("demo-crash")
-            return f"seeded={getattr(answer, 'seeded', None)}", ok
+            if not isinstance(answer, Seeded):
+                return f"not seeded: {answer}", False
+            self._leave_work("demo-crash")
+            by_it = blank is not None and answer.incarnation == blank.incarnation
+            return f"by a blank standby: restored in {answer.ms} ms", by_it
 
-        self.step("seed another slot and leave work in it", seeded)
+        self.step("seed a slot of another resource (a blank standby restores it)", seeded)
         incarnation = self._incarnation("demo-crash")
 
         def lost() -> tuple[str, bool]:
@@ -298,6 +323,14 @@ class Demo:
             return text, report.lost == ["demo-crash"] and answer.checkpoint == "lost"
 
         self.step("a crash (SIGKILL): the sweep records the loss", lost)
+
+    def _another_resource(self, client: SeedkeeperClient, repo: Path, r2: R2) -> SeedIdentity:
+        """The same repository published as a resource no standby is pre-seeded with."""
+        snapshot = published_snapshot(repo, OTHER_RESOURCE, self.root / "scratch-other", r2)
+        client.publish(snapshot)
+        handle = client.snapshot_status(OTHER_RESOURCE).seed_handle
+        assert handle is not None
+        return SeedIdentity(resource=OTHER_RESOURCE, **handle.model_dump())
 
     def _rotate(self, client: SeedkeeperClient, repo: Path, r2: R2) -> None:
         def rotate() -> tuple[str, bool]:
@@ -320,16 +353,14 @@ class Demo:
         checkout = self.stack.workspace(slot) / CHECKOUT
         (checkout / "README.md").write_text("# widgets\n\nedited, never committed\n")
         (checkout / "UNPUBLISHED.md").write_text(work)
-        runtime = self.stack.runtime
-        uid = runtime.slot_uid(slot) if isinstance(runtime, LocalRuntime) else None
+        uid = self.stack.slot_uid(slot)
         if uid is not None:
             for name in ("README.md", "UNPUBLISHED.md"):
                 os.chown(checkout / name, uid, uid)
         return checkout
 
     def _sweep(self) -> Report:
-        with contextlib.redirect_stdout(io.StringIO()):  # its metrics, as EMF lines
-            return self.stack.sweep()
+        return self.stack.sweep()
 
     @staticmethod
     def _record(slot: str) -> SlotRecord | None:
@@ -342,6 +373,18 @@ class Demo:
             record = self._record(slot)
             if record is not None and record.state is state:
                 return record
+            time.sleep(0.2)
+        return None
+
+    @staticmethod
+    def _free(pool: str, timeout: float = 60) -> Standby | None:
+        """A free standby of `pool`, once there is one (the stack tends the pools)."""
+        standbys = StandbyStore(StoreSettings().table_resource())
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            free = [s for s in standbys.pool(pool) if s.state is StandbyState.FREE]
+            if free:
+                return free[0]
             time.sleep(0.2)
         return None
 
@@ -432,6 +475,7 @@ def run_demo() -> int:
     # The table tells the story: no log lines in between, not even the sweep's warning of
     # the loss the demo causes (slot tasks log to their own files under the data directory).
     logger.setLevel("ERROR")
+    os.environ["POWERTOOLS_METRICS_DISABLED"] = "true"  # nor the metrics' EMF lines
     with tempfile.TemporaryDirectory(prefix="seedkeeper-demo-") as root:
         # Searchable, not listable: the slot user reaches its workspace through it.
         os.chmod(root, 0o711)  # noqa: S103 - search only, for the slot user

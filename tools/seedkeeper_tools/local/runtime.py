@@ -168,6 +168,10 @@ class LocalRuntime:
         _, slot, attempt = incarnation.split(":")
         return self._workspace(slot, int(attempt))
 
+    def slot_uid_of(self, incarnation: str) -> int | None:
+        """The uid the task `incarnation` runs its sandbox as (a standby's: its own)."""
+        return self.slot_uid(incarnation.split(":")[1])
+
     def _start(
         self, slot: str, attempt: int, plan: dict[str, str], incarnation: str, folder: Path
     ) -> _Process:

@@ -38,6 +38,7 @@ from aws_lambda_powertools.logging.lambda_context import build_lambda_context_mo
 from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings, sweeper_from_env
+from seedkeeper.domain.record import Supported
 from seedkeeper.domain.standby import PoolSettings
 from seedkeeper.errors import SeedkeeperError
 from seedkeeper.observability import logger
@@ -145,11 +146,31 @@ class LocalStack:
 
     def workspace(self, slot: str) -> Path:
         """A slot task's workspace on this machine: the process runtime's (a container's
-        is inside the container, as a Fargate task's is)."""
+        is inside the container, as a Fargate task's is), of the task the slot's record
+        names (a standby that took the slot runs in its own)."""
+        runtime = self._processes()
+        incarnation = self._incarnation(slot)
+        return runtime.workspace_of(incarnation) if incarnation else runtime.workspace(slot)
+
+    def slot_uid(self, slot: str) -> int | None:
+        """The uid the slot's sandbox runs as (its task's, a standby's included)."""
+        runtime = self._processes()
+        incarnation = self._incarnation(slot)
+        return runtime.slot_uid_of(incarnation) if incarnation else runtime.slot_uid(slot)
+
+    def _processes(self) -> LocalRuntime:
         runtime = self.runtime
         if not isinstance(runtime, LocalRuntime):
             raise TypeError("a container's workspace is inside the container")
-        return runtime.workspace(slot)
+        return runtime
+
+    @staticmethod
+    def _incarnation(slot: str) -> str | None:
+        classified = StoreSettings().lifecycle().read(slot)
+        if not isinstance(classified, Supported):
+            return None
+        incarnation = classified.record.incarnation
+        return incarnation if incarnation and incarnation.startswith("local:") else None
 
     def start(self) -> LocalStack:
         if isinstance(self.runtime, DockerRuntime):
