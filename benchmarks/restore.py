@@ -939,16 +939,16 @@ http {{
                 self._process.wait()
 
 
-def serve_object(root: Path, key: str, source: Path) -> None:
-    """Lay `source` where an nginx serving `root` answers a presigned GET of BUCKET's `key`:
-    R2's URLs are path-style, `{endpoint}/{BUCKET}/{key}?X-Amz-...`, and nginx ignores the
-    query. A hard link (no copy), laid afresh: a rebuilt `source` is a new file."""
+def serve_object(root: Path, key: str, source: Path, *, bucket: str = BUCKET) -> None:
+    """Lay `source` where an nginx serving `root` answers a presigned GET of `bucket`'s
+    `key`: R2's URLs are path-style, `{endpoint}/{bucket}/{key}?X-Amz-...`, and nginx
+    ignores the query. A hard link (no copy), laid afresh: a rebuilt `source` is a new file."""
     folder = root
-    for part in (BUCKET, *PurePosixPath(key).parent.parts):
+    for part in (bucket, *PurePosixPath(key).parent.parts):
         folder /= part
         folder.mkdir(exist_ok=True)
         folder.chmod(0o755)  # nginx's workers read it as an unprivileged user
-    target = root / BUCKET / key
+    target = root / bucket / key
     target.unlink(missing_ok=True)
     os.link(source, target)
 
@@ -1383,6 +1383,11 @@ def parse_rates(rates: Sequence[str]) -> list[str | None]:
                 f"--rates: nginx rates like 50m or 800k, or {UNLIMITED!r}"
             )
     return parsed
+
+
+def rate_bytes(rate: str) -> int:
+    """An nginx rate ("50m") in bytes per second (its units are binary)."""
+    return int(rate.rstrip("km")) * {"k": 1024, "m": 1024**2}.get(rate[-1], 1)
 
 
 def rate_label(rate: str | None) -> str:

@@ -27,9 +27,11 @@ from seedkeeper.domain.outcomes import Cold, NotSeeded, Seeded, Seeding
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.record import SeedFailed, State, Supported, slot_key
 from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper.domain.standby import BLANK_POOL, Standby, StandbyState
 from seedkeeper.errors import RuntimeUnavailable
 from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper.store.standbys import StandbyStore
 from seedkeeper.store.sweep_index import SweepIndex
 from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.local.docker import DockerRuntime
@@ -443,3 +445,63 @@ def test_a_slot_container_cannot_act_for_another_slot(
     client = client_for(idle_stack)
     seed = publish(client, make_repository(tmp_path), tmp_path / "scratch")
     assert_a_task_cannot_act_for_another(idle_stack, seed_two(idle_stack, client, seed))
+
+
+def test_standby_containers_serve_seeds_blank_and_pre_seeded(
+    tmp_path: Path, aws_credentials: None, slot_image: str
+) -> None:
+    """A blank standby container restores a seed when taken; a pre-seeded one, which
+    restored its generation while it waited, binds the claim and nothing else."""
+    with running_local_stack(
+        tmp_path,
+        task_runtime="docker",
+        slot_image=slot_image,
+        standbys=1,
+        preseeded={"widgets": 1},
+        standby_interval=3600,  # tended here, when the test means to
+    ) as stack:
+        client = client_for(stack)
+        repo = make_repository(tmp_path)
+        seed = publish(client, repo, tmp_path / "scratch")
+        stack.tend_standbys()
+        standbys = StandbyStore(StoreSettings().table_resource())
+
+        def free(pool: str) -> Standby:
+            def ready() -> list[Standby]:
+                return [s for s in standbys.pool(pool) if s.state is StandbyState.FREE]
+
+            wait_for(lambda: bool(ready()), f"a free standby of {pool}", 120)
+            return ready()[0]
+
+        held, blank = free("widgets"), free(BLANK_POOL)
+        # A standby is launched with no slot's plan: nothing of any owner's.
+        assert PLAN_VARIABLE not in environment_of(container(held.incarnation))
+
+        quick = client.seed(
+            "slot-1", seed, claim=claim_for(seed), origin=ORIGIN, wait=True, timeout=120
+        )
+        assert isinstance(quick, Seeded), quick
+        assert quick.incarnation == held.incarnation
+        assert "bind" in quick.steps
+        assert "download" not in quick.steps
+        name = container(quick.incarnation)
+        assert as_slot_user(name, "git", "-C", "/workspace/checkout", "rev-parse", "HEAD") == (
+            seed.sha
+        )
+        remote = as_slot_user(
+            name, "git", "-C", "/workspace/checkout", "remote", "get-url", "origin"
+        )
+        assert remote == ORIGIN  # bound to this slot's origin when taken
+
+        restored = client.seed(
+            "slot-2",
+            seed,
+            claim=claim_for(seed, run="run-2"),
+            origin=ORIGIN,
+            wait=True,
+            timeout=120,
+        )
+        assert isinstance(restored, Seeded), restored
+        # The pre-seeded pool is empty until tended: the blank standby restored it.
+        assert restored.incarnation == blank.incarnation
+        assert "download" in restored.steps

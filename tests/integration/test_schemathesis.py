@@ -389,7 +389,9 @@ def test_every_real_answer_conforms_to_the_generated_document(
         send("checkpoint", "POST", path, 400, body=request | {"slot": "../x"})
         send("checkpoint", "POST", path, 415, **not_json)
     # A standby's ask: its own item (reported in: free), anyone else's refused.
-    standby = Standby(standby="5" * 32, state=StandbyState.STARTING, launched_at=NOW)
+    standby = Standby(
+        standby="5" * 32, state=StandbyState.STARTING, launched_at=NOW, retire_at=NOW + 3600
+    )
     standbys = StandbyStore(stack.table)
     assert standbys.register(standby)
     assert standbys.launched(standby, incarnation)

@@ -102,7 +102,11 @@ def free_standby(stack: Stack, number: int, preseed: Generation | None = None) -
     """A standby whose task reported in: free."""
     store = standbys(stack)
     standby = Standby(
-        standby=f"{number:032x}", preseed=preseed, state=StandbyState.STARTING, launched_at=NOW
+        standby=f"{number:032x}",
+        preseed=preseed,
+        state=StandbyState.STARTING,
+        launched_at=NOW,
+        retire_at=NOW + 3600,
     )
     assert store.register(standby)
     assert store.launched(standby, task(number))
@@ -272,7 +276,9 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_standby_reports_in_waits_and_is_answered_its_assignment(stack: Stack) -> None:
     store = standbys(stack)
-    starting = Standby(standby="1" * 32, state=StandbyState.STARTING, launched_at=NOW)
+    starting = Standby(
+        standby="1" * 32, state=StandbyState.STARTING, launched_at=NOW, retire_at=NOW + 3600
+    )
     assert store.register(starting)
     assert store.launched(starting, task(1))
     standby = starting.model_copy(update={"incarnation": task(1)})
@@ -322,6 +328,7 @@ def test_a_preseeded_standby_is_granted_its_generation_then_free_once_prepared(
         preseed=Generation.of(resident),
         state=StandbyState.STARTING,
         launched_at=NOW,
+        retire_at=NOW + 3600,
     )
     assert store.register(starting)
     assert store.launched(starting, task(2))
@@ -333,3 +340,17 @@ def test_a_preseeded_standby_is_granted_its_generation_then_free_once_prepared(
     # Superseded while it waits: told to leave.
     publish(stack, "b" * 40)
     assert ask(standby)[1]["state"] == "retired"
+
+
+def test_a_standby_past_its_age_is_told_to_leave_even_if_no_sweep_tends_its_pool(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its pool no longer kept (the resource dropped from StandbyPreseeded), nothing looks at
+    it: its own ask retires it once its time is up, and no seed takes it after."""
+    standby = free_standby(stack, 1)
+    assert ask(standby)[1]["state"] == "free"
+    monkeypatch.setattr(config, "epoch_seconds", lambda: NOW + 3600)
+    config.standby_desk.cache_clear()  # built with the clock it was given
+    assert ask(standby)[1]["state"] == "retired"
+    (retired,) = standbys(stack).pool(BLANK_POOL)
+    assert retired.state is StandbyState.RETIRED

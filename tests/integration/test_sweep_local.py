@@ -147,5 +147,7 @@ def test_the_scheduled_function_sweeps_with_the_configured_runtime(slots: Slots)
         "left": {},
         "finished": True,
         "debts_paid": 0,
+        # No pool kept: the blank one looked at (none was ever kept), nothing done.
+        "standbys": {"launched": 0, "retired": 0, "stopped": 0, "start_failures": 0, "free": {}},
     }
     assert slots.runtime.status("local:cold-1:1") is TaskStatus.RUNNING

@@ -32,6 +32,7 @@ def pools(draw: st.DrawFn) -> tuple[list[Standby], Generation | None, frozenset[
             state=draw(st.sampled_from(list(StandbyState))),
             incarnation=f"local:_standby-{index:032x}:1",
             launched_at=NOW - draw(st.integers(0, 2 * SETTINGS.max_age)),
+            retire_at=NOW + SETTINGS.max_age,
         )
         for index in range(draw(st.integers(0, 8)))
     ]
@@ -72,6 +73,7 @@ def test_beyond_the_target_the_least_ready_go_first_then_the_newest() -> None:
             state=state,
             incarnation=f"local:_standby-{index:032x}:1",
             launched_at=NOW - age,
+            retire_at=NOW - age + SETTINGS.max_age,
         )
 
     old_free = standby(1, StandbyState.FREE, 300)

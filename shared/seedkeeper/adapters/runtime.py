@@ -86,6 +86,10 @@ class RuntimeSettings(BaseSettings):
     # (the ECS image's one slot user per task is uid 1000). An unprivileged runtime cannot
     # drop, so its tasks run their sandboxes as itself and say so.
     local_slot_uids_from: Annotated[int, Field(ge=1000, le=4_000_000_000)] = SLOT_UIDS_FROM
+    # The task's CPU units (Fargate's: 1024 a vCPU). Local tasks run at that shape when
+    # set: a container gets that many CPUs (`--cpus`; unset, the task definition's default
+    # SlotCpu), a process that many cores (its affinity; unset, no limit).
+    slot_cpu: Annotated[int, Field(ge=256, le=16_384)] | None = None
     # More variables for local tasks, by name (JSON list): test hooks, a debugger's.
     local_task_passthrough: Annotated[tuple[str, ...], AfterValidator(not_a_credential)] = ()
 
@@ -98,7 +102,10 @@ def runtime_from(settings: RuntimeSettings, session: Session | None = None) -> S
             from seedkeeper_tools.local.docker import DockerRuntime  # noqa: PLC0415
 
             return DockerRuntime(
-                settings.data_dir, settings.slot_image, passthrough=settings.local_task_passthrough
+                settings.data_dir,
+                settings.slot_image,
+                passthrough=settings.local_task_passthrough,
+                cpu=settings.slot_cpu,
             )
         if settings.runtime == "local":
             from seedkeeper_tools.local.runtime import LocalRuntime  # noqa: PLC0415
@@ -107,6 +114,7 @@ def runtime_from(settings: RuntimeSettings, session: Session | None = None) -> S
                 settings.data_dir,
                 slot_uids_from=settings.local_slot_uids_from,
                 passthrough=settings.local_task_passthrough,
+                cpu=settings.slot_cpu,
             )
     except ImportError as missing:  # the layer alone (`sam local invoke`): no local runtime
         raise RuntimeUnavailable(f"the {settings.runtime} runtime is not installed") from missing

@@ -118,6 +118,9 @@ class Standby(Model):
     state: StandbyState
     incarnation: Incarnation | None = None
     launched_at: EpochSeconds
+    # When it stops waiting whatever the sweep does (its pool may no longer be tended):
+    # launched_at + max_age, as the pool was kept then.
+    retire_at: EpochSeconds
     plan: SlotPlan | None = None
     expires_at: EpochSeconds | None = None  # an assigned or retired one's item expires
 

@@ -9,7 +9,9 @@ takes it (`assigned`, with the slot plan it now runs) or it is retired.
 
 `StandbyPool` is the sweep's part: it keeps each pool at its target, launching standbys
 (the item first, then RunTask, then the task it answered) and retiring, then stopping,
-those over age, superseded, surplus, never started or gone.
+those over age, superseded, surplus, never started or gone. A standby past its age is also
+told to leave when it next asks: so is one of a pool no longer kept, which no sweep looks
+at any more.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class StandbyDesk:
             return StandbyAnswer(state="assigned", plan=standby.plan)
         if state is StandbyState.RETIRED:
             return StandbyAnswer(state="retired")
-        if call.leaving:
+        if call.leaving or now >= standby.retire_at:
             moved = self._standbys.move(standby, StandbyState.RETIRED, from_states=LIVE, now=now)
             return StandbyAnswer(state="retired") if moved else None
         if state is StandbyState.STARTING:
@@ -205,6 +207,7 @@ class StandbyPool:
             preseed=wanted,
             state=StandbyState.STARTING,
             launched_at=now,
+            retire_at=now + self._settings.max_age,
         )
         if not self._standbys.register(standby):
             return False

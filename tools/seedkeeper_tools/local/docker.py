@@ -3,7 +3,8 @@ it. Chosen by `SEEDKEEPER_RUNTIME=docker` (`seedkeeper local --runtime docker`);
 shipped to Lambda.
 
 A container gets what the ECS task gets: the task definition's environment and what ECS
-sets, the plan as the RunTask override, the image's user, `/workspace` in the container's
+sets, the plan as the RunTask override, the image's user, its CPUs and memory (SlotCpu,
+SlotMemory: a restore runs at the task's own shape), `/workspace` in the container's
 own writable layer (Fargate's ephemeral storage: gone when the task is), an init process
 (the task definition's `InitProcessEnabled`), and on stop SIGTERM, then SIGKILL after the
 task definition's `StopTimeout`. Only the task role differs: keys of the task's own stand in
@@ -74,9 +75,16 @@ class DockerRuntime:
         image: str = DEFAULT_IMAGE,
         *,
         passthrough: tuple[str, ...] = (),
+        cpu: int | None = None,
     ) -> None:
+        """`cpu`: the task's CPU units (None: the task definition's default, SlotCpu)."""
         container = slot_container()
         self._image = image
+        # The task's shape, as Fargate gives it: its CPUs (a quota, as Fargate's vCPU is)
+        # and its memory, the task definition's defaults.
+        parameters = load_template()["Parameters"]
+        self._cpus = (cpu or int(parameters["SlotCpu"]["Default"])) / 1024
+        self._memory = int(parameters["SlotMemory"]["Default"])
         self._stop_timeout = int(str(container["StopTimeout"]))
         linux = container.get("LinuxParameters", {})
         self._init = isinstance(linux, dict) and linux.get("InitProcessEnabled") is True
@@ -112,6 +120,7 @@ class DockerRuntime:
             "docker", "run", "--detach", "--quiet", "--name", name,
             "--network", "host", *(["--init"] if self._init else []),
             "--stop-timeout", str(self._stop_timeout),
+            "--cpus", f"{self._cpus:g}", "--memory", f"{self._memory}m",
             "--label", f"seedkeeper.stack={self._stack}",
             "--label", f"seedkeeper.slot={slot}",
             # Names only: each value comes from this process's environment, never argv.

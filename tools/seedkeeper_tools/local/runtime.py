@@ -119,13 +119,19 @@ class LocalRuntime:
         slot_uids_from: int = SLOT_UIDS_FROM,
         passthrough: tuple[str, ...] = (),
         uid_claims: Path = UID_CLAIMS,
+        cpu: int | None = None,
     ) -> None:
+        """`cpu`: the task's CPU units; each task then runs on that many of this machine's
+        cores (its affinity, inherited by all it starts). None: on all of them."""
         self._root = data_dir.resolve() / "slots"
         self._uid_claims = uid_claims
         self._keys = TaskKeys(data_dir)
         self._command = command or (sys.executable, "-m", "seedkeeper_task")
         self._slot_uids_from = slot_uids_from
         self._passthrough = not_a_credential(passthrough)
+        cores = sorted(os.sched_getaffinity(0))
+        # The last cores: the stack (its functions, its store) keeps the first to itself.
+        self._cores = set(cores[-max(1, cpu // 1024) :]) if cpu else None
 
     def workspace(self, slot: str) -> Path:
         """The workspace of the slot's latest attempt (its first's before any launch): gone
@@ -208,6 +214,8 @@ class LocalRuntime:
             os.close(log)
         with contextlib.suppress(ProcessLookupError):  # it may have ended already
             os.setpriority(os.PRIO_PROCESS, process.pid, TASK_NICENESS)
+            if self._cores is not None:  # before it starts a thread: all of them inherit it
+                os.sched_setaffinity(process.pid, self._cores)
         started = _Process(pid=process.pid, started=_start_time(process.pid))  # before the reap
         reaper = threading.Thread(
             target=self._reap,
