@@ -13,7 +13,9 @@ with handler_imports():  # no collection over what lives as long as the process
     from seedkeeper.config import seed_service_from_env
     from seedkeeper.domain.outcomes import Cold, KeptAlive, NotSeeded, Seeded, Seeding
     from seedkeeper.services.seed import KEEPALIVE_REFUSALS, REFUSALS, KeepaliveRequest, SeedRequest
+    from seedkeeper.snapstart import register
 
+register(services=("dynamodb", "ecs", "secretsmanager", "s3"))  # with SeedSnapStart on
 app = function_url_app()
 OUTCOMES = [Seeded, NotSeeded, Cold, Seeding]
 

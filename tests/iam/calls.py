@@ -58,7 +58,7 @@ def authorizations(
 
 def invocation(deployed: Deployed, principal: str, function: str) -> Iterator[Request]:
     """A signed call to `function`'s URL (`function`: its folder under functions/)."""
-    arn = deployed.arn(deployed.functions[function])
+    arn = deployed.url_target(function)
     yield Request(
         principal, "lambda:InvokeFunctionUrl", arn, {"lambda:FunctionUrlAuthType": "AWS_IAM"}
     )

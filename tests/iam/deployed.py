@@ -87,6 +87,18 @@ class Deployed:
     def arn(self, logical_id: str, attribute: str = "Arn") -> str:
         return str(self.attributes[logical_id][attribute])
 
+    def url_target(self, function: str) -> str:
+        """What a call through the URL of `function` (its folder under functions/) is
+        authorized against: the URL's target, qualified when it is an alias's; the
+        function's own ARN when it has no URL."""
+        arn = self.arn(self.functions[function])
+        for resource in self.resources.values():
+            if resource["Type"] == "AWS::Lambda::Url":
+                target = str(resource["Properties"]["TargetFunctionArn"])
+                if target == arn or target.startswith(f"{arn}:"):
+                    return target
+        return arn
+
     def ref(self, logical_id: str) -> str:
         return str(self.refs[logical_id])
 
@@ -210,6 +222,13 @@ class _Resolver:
             atts = {"Arn": _arn("dynamodb", f"table/{name}")}
         elif kind == "AWS::Lambda::Function":
             atts = {"Arn": _arn("lambda", f"function:{name}")}
+        elif kind in {"AWS::Lambda::Version", "AWS::Lambda::Alias"}:
+            # SAM's AutoPublishAlias: a version (the first: 1), the alias naming it; each
+            # Ref is the function's ARN qualified by it.
+            function = _arn("lambda", f"function:{_name(properties['FunctionName']['Ref'])}")
+            qualifier = "1" if kind == "AWS::Lambda::Version" else properties["Name"]
+            ref = f"{function}:{qualifier}"
+            atts = {"Version": "1"} if kind == "AWS::Lambda::Version" else {}
         elif kind == "AWS::Lambda::Url":
             atts = {"FunctionUrl": f"https://{name.lower()[-12:]}.lambda-url.{REGION}.on.aws/"}
         elif kind == "AWS::IAM::Role":

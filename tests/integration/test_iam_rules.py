@@ -56,7 +56,7 @@ def log_stream(deployed: Deployed, group: str) -> str:
 
 
 def via_url(deployed: Deployed, principal: str, function: str) -> list[Request]:
-    arn = deployed.arn(deployed.functions[function])
+    arn = deployed.url_target(function)
     return [
         Request(
             principal, "lambda:InvokeFunctionUrl", arn, {"lambda:FunctionUrlAuthType": "AWS_IAM"}
@@ -121,6 +121,20 @@ def must(deployed: Deployed) -> list[Request]:
     return rows
 
 
+def seed_outside_its_alias(deployed: Deployed) -> list[Request]:
+    """The seed function's URL is its alias's (SAM's AutoPublishAlias, for SnapStart): the
+    executor may never call its unpublished code, nor a version by number."""
+    seed = deployed.arn(deployed.functions["seed"])
+    return [
+        Request("ExecutorPolicy", action, qualified, condition)
+        for qualified in (seed, f"{seed}:1", f"{seed}:$LATEST")
+        for action, condition in (
+            ("lambda:InvokeFunctionUrl", {"lambda:FunctionUrlAuthType": "AWS_IAM"}),
+            ("lambda:InvokeFunction", {"lambda:InvokedViaFunctionUrl": "true"}),
+        )
+    ]
+
+
 def never(deployed: Deployed) -> list[Request]:
     """What each principal must never be allowed."""
     table = deployed.arn("LifecycleTable")
@@ -168,6 +182,7 @@ def never(deployed: Deployed) -> list[Request]:
                 deployed.arn(deployed.functions[function]),
             )
         )
+    rows += seed_outside_its_alias(deployed)
     rows.append(Request("ExecutorPolicy", "dynamodb:GetItem", table, keys(SLOT)))
 
     # The execution role pulls one repository only.

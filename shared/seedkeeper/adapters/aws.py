@@ -20,6 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, overload
 
+import botocore.session
 from boto3.session import Session
 from botocore.config import Config
 
@@ -102,7 +103,8 @@ R2_DIALECT = Config(
     response_checksum_validation="when_required",
 )
 
-_BUDGETS: dict[str, Budget] = {
+Service = Literal["dynamodb", "ecs", "s3", "secretsmanager"]
+_BUDGETS: dict[Service, Budget] = {
     "dynamodb": DYNAMODB,
     "ecs": ECS,
     "s3": R2,
@@ -132,10 +134,45 @@ def use_session(replacement: Session | None) -> None:
         _session = replacement
 
 
+def read_models(services: tuple[Service, ...]) -> None:
+    """Have the process session's loader read each service's model, endpoint rules and (for
+    DynamoDB) boto3's resource model, as building a client would, from keys that are not a
+    secret: nothing is resolved, no connection opened (SnapStart's before-snapshot hook)."""
+    with _lock:
+        own = session()
+        region = own.region_name or "us-east-1"
+        for service in services:
+            own.client(
+                service,
+                region_name=region,
+                aws_access_key_id="read-models",
+                aws_secret_access_key="read-models",  # noqa: S106 - no secret: nothing signs
+            )
+            if service == "dynamodb":
+                own.resource(
+                    "dynamodb",
+                    region_name=region,
+                    aws_access_key_id="read-models",
+                    aws_secret_access_key="read-models",  # noqa: S106
+                )
+
+
+def renew_session() -> None:
+    """A new process session in place of the old, with the old one's loader: what the old
+    one resolved or opened (credentials, connections) is left behind, the service models it
+    read are kept. Everything seedkeeper.config builds is then built anew."""
+    global _session  # noqa: PLW0603
+    with _lock:
+        fresh = botocore.session.Session()
+        if _session is not None:
+            fresh.register_component("data_loader", _session._session.get_component("data_loader"))
+        _session = Session(botocore_session=fresh)
+
+
 def _build(
     kind: Literal["client", "resource"],
     session: Session,
-    service: Literal["dynamodb", "ecs", "s3", "secretsmanager"],
+    service: Service,
     budget: Budget | None,
     dialect: Config | None = None,
     **options: Any,
