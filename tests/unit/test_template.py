@@ -262,6 +262,26 @@ def test_every_function_url_uses_aws_iam(template: Template) -> None:
     assert "FunctionUrlConfig" not in template.get("Globals", {}).get("Function", {})
 
 
+@pytest.mark.parametrize(("snaps", "applied"), [("false", "None"), ("true", "PublishedVersions")])
+def test_the_seed_functions_url_is_its_published_alias_with_snapstart_when_asked(
+    snaps: str, applied: str
+) -> None:
+    stack = deploy(parameters=PARAMETERS | {"SeedSnapStart": snaps})
+    seed = stack.functions["seed"]
+    assert stack.resources[seed]["Properties"]["SnapStart"] == {"ApplyOn": applied}
+    alias = stack.ref(f"{seed}Aliaslive")
+    assert stack.url_target("seed") == alias == f"{stack.arn(seed)}:live"
+    versions = [
+        resource
+        for resource in stack.resources.values()
+        if resource["Type"] == "AWS::Lambda::Version"
+    ]
+    assert [version["DeletionPolicy"] for version in versions] == ["Delete"]
+    executor = dict(stack.principals["ExecutorPolicy"].policies)
+    assert alias in json.dumps(executor)
+    assert f'"{stack.arn(seed)}"' not in json.dumps(executor)
+
+
 def test_the_outputs_give_each_url_the_table_and_the_cluster(template: Template) -> None:
     values = [output["Value"] for output in template["Outputs"].values()]
     ids = function_ids(template)
