@@ -112,7 +112,7 @@ bench: setup bench-packages docker-packages ## Benchmark the restore, the checkp
 	$(BIN)/python benchmarks/sweep.py
 	$(BIN)/python benchmarks/calls.py
 	$(BIN)/python benchmarks/container.py
-	$(BIN)/python benchmarks/image.py
+	$(BIN)/python benchmarks/image.py --before-ref 3a0f7e2  # the image before issue 30 slimmed it
 	$(BIN)/python benchmarks/first_command.py
 	$(BIN)/python benchmarks/soak.py --minutes $(SOAK_MINUTES)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from boto3.dynamodb.conditions import Attr, ConditionBase, Key
+from boto3.dynamodb.conditions import Attr, ConditionBase
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ValidationError
 
@@ -27,7 +27,7 @@ from seedkeeper.domain.snapshots import (
     Teardown,
 )
 from seedkeeper.errors import MalformedRecord, translate_client_error
-from seedkeeper.store.items import owed_since, transaction_condition
+from seedkeeper.store.items import owed_since, partition, transaction_condition
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -79,20 +79,7 @@ class SnapshotStore:
     def read(self, resource: str) -> Resident:
         """Every record of `resource`, strongly consistent, in one Query (paged only past
         1 MB, which two generations and their ledger never reach)."""
-        items: list[dict[str, Any]] = []
-        query: dict[str, Any] = {
-            "KeyConditionExpression": Key("PK").eq(_pk(resource)),
-            "ConsistentRead": True,
-        }
-        try:
-            while True:
-                page = self._table.query(**query)
-                items.extend(page["Items"])
-                if "LastEvaluatedKey" not in page:
-                    break
-                query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-        except ClientError as error:
-            raise translate_client_error(error) from error
+        items = partition(self._table, _pk(resource), consistent=True)
         return _resident(resource, items)
 
     def commit_rotation(self, rotation: Rotation) -> Committed | Lost:

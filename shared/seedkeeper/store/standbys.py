@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from boto3.dynamodb.conditions import Attr, ConditionBase, Key
+from boto3.dynamodb.conditions import Attr, ConditionBase
 from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
@@ -15,7 +15,7 @@ from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.standby import LIVE, STANDBY_PREFIX, Generation, Standby, StandbyState
 from seedkeeper.errors import translate_client_error
 from seedkeeper.observability import logger
-from seedkeeper.store.items import transaction_condition
+from seedkeeper.store.items import partition, transaction_condition
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -37,20 +37,7 @@ class StandbyStore:
     def pool(self, pool: str, *, consistent: bool = True) -> list[Standby]:
         """Every standby of `pool` (a seed's look, eventually consistent, may be a moment
         behind: its take is conditional). An item this code cannot read is left out."""
-        query: dict[str, Any] = {
-            "KeyConditionExpression": Key("PK").eq(STANDBY_PREFIX + pool),
-            "ConsistentRead": consistent,
-        }
-        items: list[dict[str, Any]] = []
-        try:
-            while True:
-                page = self._table.query(**query)
-                items.extend(page["Items"])
-                if "LastEvaluatedKey" not in page:
-                    break
-                query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-        except ClientError as error:
-            raise translate_client_error(error) from error
+        items = partition(self._table, STANDBY_PREFIX + pool, consistent=consistent)
         return [standby for item in items if (standby := _standby(item)) is not None]
 
     def read(self, pool: str, standby: str) -> Standby | None:
