@@ -133,13 +133,20 @@ def test_a_seed_runs_end_to_end_in_the_slot_container(
     assert as_slot_user(name, "git", "-C", "/workspace/checkout", "rev-parse", "HEAD") == seed.sha
     status = as_slot_user(name, "git", "-C", "/workspace/checkout", "status", "--porcelain")
     assert status == git(repo, "status", "--porcelain").strip()  # the work came along
-    # Its workspace is the container's own, as Fargate's ephemeral storage is the task's.
-    assert not [mount for mount in details["Mounts"] if mount["Destination"] == "/workspace"]
+    # Its workspace is a volume of its own (the task definition's, on Fargate's ephemeral
+    # storage): nothing of the host's, gone with the container.
+    (workspace,) = [mount for mount in details["Mounts"] if mount["Destination"] == "/workspace"]
+    assert workspace["Type"] == "volume"
     assert not (stack.data_dir / "slots" / "slot-1").exists()
 
     again = client.seed("slot-1", seed, claim=claim, origin=ORIGIN)
     assert isinstance(again, Seeded)
     assert again.incarnation == seeded.incarnation
+    runtime.stop_all()
+    gone = subprocess.run(
+        ["docker", "volume", "inspect", workspace["Name"]], capture_output=True, check=False
+    )
+    assert gone.returncode != 0
 
 
 def test_a_retried_launch_of_an_attempt_starts_one_container(

@@ -43,6 +43,7 @@ from seedkeeper.store.standbys import StandbyStore
 from seedkeeper.store.sweep_index import SweepIndex
 from seedkeeper_task.settings import CheckpointSettings, TaskSettings
 from seedkeeper_tools.infra import TABLE_RESOURCE, TEMPLATE, load_template, table_properties
+from seedkeeper_tools.local import docker
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
@@ -499,6 +500,18 @@ def test_the_slot_task_is_a_fargate_task_the_runtime_can_address(template: Templ
     assert logs["Options"]["awslogs-group"] == {"Ref": "SlotLogGroup"}
     log_group = template["Resources"]["SlotLogGroup"]["Properties"]
     assert log_group["RetentionInDays"] == {"Ref": "LogRetentionDays"}
+
+
+def test_the_workspace_is_a_volume_of_the_task_where_the_image_and_the_runtime_put_it(
+    template: Template,
+) -> None:
+    definition = template["Resources"][TASK_DEFINITION]["Properties"]
+    assert definition["Volumes"] == [{"Name": "workspace"}]  # no host path: ephemeral storage
+    assert slot_container(template)["MountPoints"] == [
+        {"SourceVolume": "workspace", "ContainerPath": docker.WORKSPACE}
+    ]
+    dockerfile = (ROOT / "functions" / "seed_task" / "Dockerfile").read_text()
+    assert f"SEEDKEEPER_WORKSPACE={docker.WORKSPACE}" in dockerfile
 
 
 def test_cfn_lint_finds_nothing() -> None:

@@ -4,8 +4,10 @@ shipped to Lambda.
 
 A container gets what the ECS task gets: the task definition's environment and what ECS
 sets, the plan as the RunTask override, the image's user, its CPUs and memory (SlotCpu,
-SlotMemory: a restore runs at the task's own shape), `/workspace` in the container's
-own writable layer (Fargate's ephemeral storage: gone when the task is), an init process
+SlotMemory: a restore runs at the task's own shape), `/workspace` on a volume of its own
+(the task definition's `workspace` volume, on Fargate's ephemeral storage: gone when the
+task is; not the image's overlay, through which a restore's files are written at half the
+speed), an init process
 (the task definition's `InitProcessEnabled`), and on stop SIGTERM, then SIGKILL after the
 task definition's `StopTimeout`. Only the task role differs: keys of the task's own stand in
 for its session of it (`principals.TaskKeys`), good at the checkpoint function alone.
@@ -51,6 +53,8 @@ TASK_DEFINITION_OPTIONS = (
     "SEEDKEEPER_DOWNLOAD_RETRIES",
     "SEEDKEEPER_STANDBY_POLL",
 )
+# Where the task definition mounts its `workspace` volume (the image's SEEDKEEPER_WORKSPACE).
+WORKSPACE = "/workspace"
 _PREFIX = "docker:"
 _LIVE = {"created", "running", "restarting", "paused", "removing"}
 _ENDED = {"exited", "dead"}
@@ -121,6 +125,7 @@ class DockerRuntime:
             "--network", "host", *(["--init"] if self._init else []),
             "--stop-timeout", str(self._stop_timeout),
             "--cpus", f"{self._cpus:g}", "--memory", f"{self._memory}m",
+            "--mount", f"type=volume,destination={WORKSPACE}",
             "--label", f"seedkeeper.stack={self._stack}",
             "--label", f"seedkeeper.slot={slot}",
             # Names only: each value comes from this process's environment, never argv.
@@ -211,7 +216,7 @@ class DockerRuntime:
         ]
         with ThreadPoolExecutor(len(batches)) as pool:
             list(pool.map(self._stop_containers, batches))
-        _docker(["docker", "rm", "--force", *containers])
+        _docker(["docker", "rm", "--force", "--volumes", *containers])
         self._keys.revoke_all()
         logger.info("slot containers stopped and removed", count=len(containers))
 
