@@ -146,7 +146,9 @@ def stack_for(cell: Cell, root: Path, image: str) -> Iterator[LocalStack]:
         slot_image=image,
         standbys=1 if cell.path == "standby" else 0,
         preseeded={RESOURCE: 1} if cell.path == "pre-seeded" else None,
-        standby_interval=1.0,
+        # Tended once, at the start: never refilled during the run. On Fargate the refill is
+        # another task, on CPU of its own; here it would take the run's cores.
+        standby_interval=3600,
     ).start()
     try:
         yield local
