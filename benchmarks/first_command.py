@@ -146,7 +146,7 @@ def stack_for(cell: Cell, root: Path, image: str) -> Iterator[LocalStack]:
         slot_image=image,
         standbys=1 if cell.path == "standby" else 0,
         preseeded={RESOURCE: 1} if cell.path == "pre-seeded" else None,
-        # Tended once, at the start: never refilled during the run. On Fargate the refill is
+        # Tended by the run (`one_run`), never refilled during it: on Fargate the refill is
         # another task, on CPU of its own; here it would take the run's cores.
         standby_interval=3600,
     ).start()
@@ -255,6 +255,7 @@ def one_run(
             credentials=Credentials(stack.credentials.access_key, stack.credentials.secret_key),
         )
         seed = published(client, case, nginx, stack.name)
+        stack.tend_standbys()  # a pre-seeded pool has a generation to hold from now on
         waiting = None
         if cell.path == "standby":
             waiting = wait_free(BLANK_POOL)
