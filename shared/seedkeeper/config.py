@@ -18,7 +18,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from seedkeeper.adapters import aws
 from seedkeeper.adapters.clock import epoch_seconds
 from seedkeeper.adapters.r2 import R2, R2Settings, transfer_mode
-from seedkeeper.domain.caller import Caller, TaskRole
 from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.record import MAX_SWEEP_SHARDS, SWEEP_SHARDS
 
@@ -30,6 +29,7 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb.service_resource import Table
 
     from seedkeeper.adapters.runtime import RuntimeSettings, SlotRuntime
+    from seedkeeper.domain.caller import Caller
     from seedkeeper.domain.standby import PoolSettings
     from seedkeeper.services.checkpoints import CheckpointService
     from seedkeeper.services.receipts import Witness
@@ -82,6 +82,8 @@ class TaskRoleSettings(BaseSettings):
 
 def caller_from_env(user_arn: str | None) -> Caller:
     """Who signed a checkpoint function call (its event's `authorizer.iam.userArn`)."""
+    from seedkeeper.domain.caller import Caller, TaskRole
+
     return Caller(TaskRole(TaskRoleSettings().task_role_arn).session(user_arn))
 
 

@@ -60,4 +60,4 @@ def test_a_stacks_containers_are_all_asked_to_stop_before_any_stop_is_done(
     assert events.index("stopped") > last_term
     # And all were removed once stopped
     assert events[-1] == "rm"
-    assert recorded[-1]["argv"] == ["rm", "--force", *listed]
+    assert recorded[-1]["argv"] == ["rm", "--force", "--volumes", *listed]

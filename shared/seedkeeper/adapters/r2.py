@@ -16,12 +16,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from aws_lambda_powertools.utilities.parameters import SecretsProvider
-from aws_lambda_powertools.utilities.parameters.exceptions import (
-    GetParameterError,
-    TransformParameterError,
-)
-from boto3.s3.transfer import ProgressCallbackInvoker, TransferConfig, create_transfer_manager
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import Field, SecretStr, StringConstraints
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -182,12 +176,21 @@ def transfer_mode(settings: R2Settings) -> TransferMode:
 
 def get_secret(name: str, transform: Literal["json"]) -> object:
     """Powertools' `get_secret`, read by a Secrets Manager client of the process's session
-    with its budget (Powertools would build its own, with boto's defaults)."""
+    with its budget (Powertools would build its own, with boto's defaults). Powertools'
+    parameters are imported here, when a secret is first read: a request that touches no
+    object (a seed's poll) never loads them."""
+    from aws_lambda_powertools.utilities.parameters import SecretsProvider  # noqa: PLC0415
+
     secrets = SecretsProvider(boto3_client=aws.client(aws.session(), "secretsmanager"))
     return secrets.get(name, transform=transform)
 
 
 def _keys_from_secret(secret_arn: str) -> _Keys:
+    from aws_lambda_powertools.utilities.parameters.exceptions import (  # noqa: PLC0415
+        GetParameterError,
+        TransformParameterError,
+    )
+
     try:
         value = get_secret(secret_arn, transform="json")
     except TransformParameterError:
@@ -264,13 +267,7 @@ class R2:
         self._client = client
         self._reader = reader
         self._bucket = bucket
-        # Equal parts (R2 requires every part but the last to be the same size); the classic
-        # transfer client, whose part size and checksums are the ones configured here.
-        self._transfer = TransferConfig(
-            multipart_threshold=chunk_size,
-            multipart_chunksize=chunk_size,
-            preferred_transfer_client="classic",
-        )
+        self._chunk_size = chunk_size
 
     @classmethod
     def from_settings(
@@ -431,9 +428,23 @@ class R2:
         `progress` gets byte counts as parts go out (negative when a retried part rewinds),
         one call at a time although parts travel on several threads.
         """
+        # boto3's transfer manager, imported here: only the tools upload, never a function.
+        from boto3.s3.transfer import (  # noqa: PLC0415
+            ProgressCallbackInvoker,
+            TransferConfig,
+            create_transfer_manager,
+        )
+
+        # Equal parts (R2 requires every part but the last to be the same size); the classic
+        # transfer client, whose part size and checksums are the ones configured here.
+        transfer = TransferConfig(
+            multipart_threshold=self._chunk_size,
+            multipart_chunksize=self._chunk_size,
+            preferred_transfer_client="classic",
+        )
         subscribers = [ProgressCallbackInvoker(_one_at_a_time(progress))] if progress else None
         try:
-            with create_transfer_manager(self._s3, self._transfer) as manager:
+            with create_transfer_manager(self._s3, transfer) as manager:
                 manager.upload(str(path), self._bucket, key, subscribers=subscribers).result()
         except (ClientError, BotoCoreError) as error:
             raise translate_r2_error(error) from error
