@@ -223,3 +223,21 @@ def test_an_engine_that_does_not_answer_knows_nothing_of_any_task(
     incarnation = runtime.launch(plan())
     monkeypatch.setenv("FAKE_DOCKER_ANSWER", "Cannot connect to the Docker daemon.")
     assert runtime.statuses([incarnation]) == {incarnation: UNKNOWN}
+
+
+# (the machine's cores, the task's CPU units) -> the container's --cpus
+EXPECTED_CPUS = {(2, None): "2", (1, None): "1", (4, 1024): "1", (2, 8192): "2"}
+
+
+@pytest.mark.parametrize(("cores", "cpu"), list(EXPECTED_CPUS))
+def test_a_container_gets_the_tasks_cpus_never_more_than_the_machine_has(
+    calls: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int, *, cpu: int | None
+) -> None:
+    # The task definition's default is 2 vCPU; Docker refuses a quota beyond the machine's.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)))
+    DockerRuntime(tmp_path, cpu=cpu).launch(plan())
+    [run] = recorded(calls)
+    argv = run["argv"]
+    assert isinstance(argv, list)
+    assert argv[argv.index("--cpus") + 1] == EXPECTED_CPUS[(cores, cpu)]
+    assert argv[argv.index("--mount") + 1] == "type=volume,destination=/workspace"

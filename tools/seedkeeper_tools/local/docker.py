@@ -87,7 +87,9 @@ class DockerRuntime:
         # The task's shape, as Fargate gives it: its CPUs (a quota, as Fargate's vCPU is)
         # and its memory, the task definition's defaults.
         parameters = load_template()["Parameters"]
-        self._cpus = (cpu or int(parameters["SlotCpu"]["Default"])) / 1024
+        # Never more than the machine has: Docker refuses a quota beyond its CPUs.
+        cpus = (cpu or int(parameters["SlotCpu"]["Default"])) / 1024
+        self._cpus = min(cpus, len(os.sched_getaffinity(0)))
         self._memory = int(parameters["SlotMemory"]["Default"])
         self._stop_timeout = int(str(container["StopTimeout"]))
         linux = container.get("LinuxParameters", {})
