@@ -354,3 +354,19 @@ def test_a_standby_past_its_age_is_told_to_leave_even_if_no_sweep_tends_its_pool
     assert ask(standby)[1]["state"] == "retired"
     (retired,) = standbys(stack).pool(BLANK_POOL)
     assert retired.state is StandbyState.RETIRED
+
+
+def test_pool_empty_is_counted_only_when_a_pool_kept_could_have_served_the_seed(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counted: list[str] = []
+    monkeypatch.setattr("seedkeeper.services.seed.count", counted.append)
+    seeded = publish(stack, "a" * 40)
+    tasks = Tasks()
+    # Pre-seeded standbys of another resource only: this seed was never theirs to serve.
+    seed(seed_service(stack, tasks, PoolSettings(preseeded={"other-thing": 2})), "slot-1", seeded)
+    assert counted == []
+    # A blank pool kept, none free: the seed waited for a task it should not have.
+    seed(seed_service(stack, tasks, PoolSettings(pool=2)), "slot-2", seeded)
+    assert counted == ["StandbyPoolEmpty"]
+    assert len(tasks.launched) == 2

@@ -332,14 +332,18 @@ class SeedService:
         if standbys is None or not self._pools.any:
             return None
         seed = plan.binding.seed
-        candidates: list[Standby] = []
+        pools: list[tuple[str, SeedIdentity | None]] = []  # which pools could serve it
         if seed is not None and not record.resuming and self._pools.preseeded.get(seed.resource):
-            candidates += free_standbys(
-                standbys.pool(seed.resource, consistent=False),
-                holding=seed,
-            )
+            pools.append((seed.resource, seed))
         if self._pools.pool:
-            candidates += free_standbys(standbys.pool(BLANK_POOL, consistent=False))
+            pools.append((BLANK_POOL, None))
+        if not pools:
+            return None  # no pool kept serves this seed: nothing to find, nothing missing
+        candidates = [
+            standby
+            for pool, holding in pools
+            for standby in free_standbys(standbys.pool(pool, consistent=False), holding=holding)
+        ]
         for standby in candidates[:_STANDBY_TRIES]:
             assert standby.incarnation is not None  # a free standby's task reported in
             now = self._clock()
