@@ -60,9 +60,10 @@ from seedkeeper_tools.local.motoserver import AtomicMotoServer
 from seedkeeper_tools.publish import measure
 
 if TYPE_CHECKING:
-    from benchmarks import restore
+    from benchmarks import links, restore
     from mypy_boto3_s3 import S3Client
 else:
+    import links
     import restore  # the script's own folder is on sys.path: its trees and helpers
 
 BUCKET = "seedkeeper-bench"
@@ -177,7 +178,7 @@ class NginxSink:
     def __init__(self, home: Path) -> None:
         self.data = _shared_memory_dir("seedkeeper-checkpoint-sink-")
         store, temp = self.data / "store", self.data / "temp"
-        self._server = restore.Nginx(store, home, temp=temp, accepts_puts=True)
+        self._server = links.Nginx(store, home, temp=temp, accepts_puts=True)
 
     @property
     def endpoint(self) -> str:
@@ -325,11 +326,11 @@ class Bench:
                 timed, captured, result = self._drive(arguments, key, log)
             if timed.code != 0 or captured is None or result is None:
                 tail = (folder / "driver.log").read_text(errors="replace")[-2000:]
-                raise restore.BenchError(f"our checkpoint exited {timed.code}:\n{tail}")
+                raise links.BenchError(f"our checkpoint exited {timed.code}:\n{tail}")
         arrived = self.sink.stored(key)
         self.sink.remove(key)
         if arrived != (captured["size"], captured["sha256"]):
-            raise restore.BenchError(f"our upload arrived as {arrived}, not {captured}")
+            raise links.BenchError(f"our upload arrived as {arrived}, not {captured}")
         return OursRun(
             process_s=timed.seconds,
             checkpoint_s=result["checkpoint_s"],
@@ -402,12 +403,12 @@ class Bench:
                 timed = restore.timed_run(argv, env=self.environment, log=log)
             if timed.code != 0:
                 tail = (folder / "baseline.log").read_text(errors="replace")[-2000:]
-                raise restore.BenchError(f"the baseline exited {timed.code}:\n{tail}")
+                raise links.BenchError(f"the baseline exited {timed.code}:\n{tail}")
             sent = checksum.read_text().split()[0] if checksum.exists() else None
         arrived = self.sink.stored(key)
         self.sink.remove(key)
         if arrived is None or arrived[1] != sent:
-            raise restore.BenchError(f"the baseline's upload arrived as {arrived}, sent {sent}")
+            raise links.BenchError(f"the baseline's upload arrived as {arrived}, sent {sent}")
         return BaselineRun(seconds=timed.seconds, max_rss_kb=timed.max_rss_kb, size=arrived[0])
 
 
@@ -665,7 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             environment=restore._environment(workdir) | {"SEEDKEEPER_TABLE": BUCKET},
         )
         results = measure_all(console, bench, inputs, options.pairs)
-    except restore.BenchError as broken:
+    except links.BenchError as broken:
         console.print(f"[red]the benchmark could not measure:[/red] {broken}")
         return 1
     finally:

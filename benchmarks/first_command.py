@@ -73,9 +73,10 @@ from seedkeeper_tools.local.stack import LocalStack
 
 if TYPE_CHECKING:
     from benchmarks import image as image_bench
-    from benchmarks import restore
+    from benchmarks import links, restore
 else:  # the script's own folder is on sys.path: the restore and image benchmarks
     import image as image_bench
+    import links
     import restore
 
 Path_ = Literal["standby", "pre-seeded", "cold, image present", "cold, image loaded"]
@@ -157,7 +158,7 @@ def stack_for(cell: Cell, root: Path, image: str) -> Iterator[LocalStack]:
 
 
 def published(
-    client: SeedkeeperClient, case: restore.Input, nginx: restore.Nginx, bucket: str
+    client: SeedkeeperClient, case: restore.Input, nginx: links.Nginx, bucket: str
 ) -> SeedIdentity:
     """The snapshot recorded (its archives served by nginx, where the grants now point)."""
     for archived in case.archives:
@@ -247,7 +248,7 @@ def engine_on(root: Path, cell: Cell, saved: Path) -> Iterator[None]:
 
 
 def one_run(
-    cell: Cell, case: restore.Input, nginx: restore.Nginx, root: Path, *, image: str, saved: Path
+    cell: Cell, case: restore.Input, nginx: links.Nginx, root: Path, *, image: str, saved: Path
 ) -> Run:
     with engine_on(root, cell, saved), stack_for(cell, root, image) as stack:
         client = SeedkeeperClient(
@@ -301,7 +302,7 @@ def measure(
 ) -> dict[Cell, list[Run]]:
     workdir = Path(tempfile.gettempdir()) / "seedkeeper-bench"
     disks = restore.Disks()
-    nginx = restore.Nginx(workdir / "archives", workdir, limit_rate=rate, home="nginx-first")
+    nginx = links.Nginx(workdir / "archives", workdir, limit_rate=rate, home="nginx-first")
     saved = workdir / "slot-image.tar"
     if with_docker:
         docker("save", "--output", str(saved), image)
@@ -399,7 +400,7 @@ def report(
     console.print(table)
     parts = 8  # the task's download_parts: ranges of each archive at once
     if rate is not None:
-        per_connection = restore.rate_bytes(rate)
+        per_connection = links.rate_bytes(rate)
         floor = max(archived.size for archived in case.archives) / (parts * per_connection)
         console.print(
             f"physical floor of the download: the larger archive in {parts} ranges at "
@@ -452,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         results = measure(
             console, case, rate, options.rounds, options.image, with_docker=with_docker
         )
-    except (BenchBroken, restore.BenchError) as broken:
+    except (BenchBroken, links.BenchError) as broken:
         console.print(f"[red]the benchmark could not measure:[/red] {broken}")
         return 1
     summary = report(console, results, case, rate, image=options.image, disks=disks)

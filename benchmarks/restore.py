@@ -87,20 +87,17 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import boto3
 from rich.console import Console
@@ -124,6 +121,11 @@ from seedkeeper_tools.local.gateway import FunctionUrlGateway
 from seedkeeper_tools.local.motoserver import AtomicMotoServer
 from seedkeeper_tools.local.principals import TASK_ROLE_ARN, LocalCredentials, TaskKeys
 from seedkeeper_tools.publish import build_squashfs, measure
+
+if TYPE_CHECKING:
+    from benchmarks import links
+else:
+    import links  # the script's own folder is on sys.path
 
 GENERATOR_VERSION = 4  # bump when the generator changes: cached inputs are rebuilt
 SEED = 20_240_601
@@ -229,10 +231,6 @@ def size_for(label: str) -> Size:
         raise argparse.ArgumentTypeError(f"{label!r}: a size is like '300 MB' or '1 GB'")
     unit = 1000 if matched.group(2).upper() == "GB" else 1
     return size_of(int(matched.group(1)) * unit)
-
-
-class BenchError(Exception):
-    """The benchmark could not measure (not a missed target)."""
 
 
 # -- the synthetic trees --------------------------------------------------------------------
@@ -489,7 +487,7 @@ def generate_checkout(repo: Path, size: Size) -> str:
     finally:
         importer.stdin.close()
         if importer.wait() != 0:
-            raise BenchError(f"git fast-import exited {importer.returncode}")
+            raise links.BenchError(f"git fast-import exited {importer.returncode}")
     _git(repo, "checkout", "-q", "-f", REF)  # the index and the work tree
     _git(repo, "remote", "add", "origin", ORIGIN)  # a clone's remote and its branch
     _git(repo, "update-ref", f"refs/remotes/origin/{REF}", "HEAD")
@@ -830,115 +828,6 @@ def _input_from(size: Size, paths: dict[str, Path], meta: dict[str, Any]) -> Inp
 # -- the servers ----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-class Nginx:
-    """nginx from the distribution, with its own minimal configuration, in the foreground.
-    With `accepts_puts`, its dav module also stores PUT bodies under `root` (written to
-    `temp` as they arrive, renamed into place when complete: keep both on one filesystem).
-    With `limit_rate` (nginx's syntax, bytes per second: "50m"), each connection's
-    responses are paced to that rate; `home` names its folder (default: `nginx`)."""
-
-    def __init__(
-        self,
-        root: Path,
-        workdir: Path,
-        *,
-        temp: Path | None = None,
-        accepts_puts: bool = False,
-        limit_rate: str | None = None,
-        home: str = "nginx",
-    ) -> None:
-        self.root = root
-        self.home = workdir / home
-        self.temp = temp or self.home / "tmp"
-        self.accepts_puts = accepts_puts
-        self.limit_rate = limit_rate
-        self.port = _free_port()
-        self._process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def url(self, archive: Path) -> str:
-        return f"{self.endpoint}/{archive.name}"
-
-    def start(self) -> None:
-        binary = shutil.which("nginx") or "/usr/sbin/nginx"
-        if not os.access(binary, os.X_OK):
-            raise BenchError("nginx is not installed (make bench installs it as root)")
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.temp.mkdir(parents=True, exist_ok=True)
-        log = self.home / "error.log"
-        temps = "\n".join(
-            f'    {kind}_temp_path "{self.temp}";'
-            for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-        )
-        directives = (
-            "client_max_body_size 0; dav_methods PUT DELETE; create_full_put_path on;"
-            if self.accepts_puts
-            else ""
-        )
-        if self.limit_rate is not None:
-            directives += f" limit_rate {self.limit_rate};"
-        config = self.home / "nginx.conf"
-        config.write_text(
-            f"""daemon off;
-worker_processes auto;
-pid "{self.home / "nginx.pid"}";
-error_log "{log}" warn;
-events {{ worker_connections 256; }}
-http {{
-    access_log off;
-    sendfile on;
-    tcp_nopush on;
-    default_type application/octet-stream;
-{temps}
-    server {{
-        listen 127.0.0.1:{self.port};
-        root "{self.root}";
-        {directives}
-    }}
-}}
-"""
-        )
-        self._process = subprocess.Popen(
-            [binary, "-e", str(log), "-p", str(self.home), "-c", str(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 15
-        while True:
-            if self._process.poll() is not None:
-                raise BenchError(f"nginx exited: {log.read_text()[-500:] if log.exists() else ''}")
-            request = urllib.request.Request(self.endpoint + "/", method="HEAD")  # noqa: S310
-            try:
-                with urllib.request.urlopen(request, timeout=2):  # noqa: S310 - loopback
-                    return
-            except urllib.error.HTTPError:
-                return  # an answer, whatever it says: nginx serves
-            except (urllib.error.URLError, OSError):
-                if time.monotonic() > deadline:
-                    raise BenchError("nginx did not answer on loopback") from None
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-
-
 def serve_object(root: Path, key: str, source: Path, *, bucket: str = BUCKET) -> None:
     """Lay `source` where an nginx serving `root` answers a presigned GET of `bucket`'s
     `key`: R2's URLs are path-style, `{endpoint}/{bucket}/{key}?X-Amz-...`, and nginx
@@ -1021,7 +910,7 @@ def ready_s(timed: Timed, folder: Path, slot: str) -> float:
     try:
         return float((folder / "ready").read_text()) - timed.started_at
     except (OSError, ValueError) as unreadable:
-        raise BenchError(f"{slot}: no start time from the sandbox command") from unreadable
+        raise links.BenchError(f"{slot}: no start time from the sandbox command") from unreadable
 
 
 def _kill_group(pid: int) -> None:
@@ -1071,10 +960,10 @@ class Disks:
         with image.open("wb") as sparse:
             sparse.truncate(capacity)
         # Inode tables and journal written now: no lazy init thread writing during a run.
-        run_checked(
+        links.run_checked(
             [self.mkfs, "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", str(image)]
         )
-        run_checked(["mount", "-o", "loop", str(image), str(mount)])
+        links.run_checked(["mount", "-o", "loop", str(image), str(mount)])
         try:
             yield mount
         finally:
@@ -1086,12 +975,6 @@ def capacity(case: Input) -> int:
     """A run's filesystem: room for the tree, its .git, an archive or capture beside it
     and ext4's overhead; the image is sparse, so the room costs nothing unused."""
     return 3 * case.raw_bytes + 2 * case.size + case.entries * 8192 + 512 * 1024**2
-
-
-def run_checked(argv: Sequence[str]) -> None:
-    done = subprocess.run(argv, check=False, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise BenchError(f"{argv[0]} exited {done.returncode}: {done.stderr[-500:]}")
 
 
 def unmount(mount: Path) -> None:
@@ -1115,7 +998,7 @@ def unmount_leftovers(runs: Path) -> None:
 @dataclass
 class Bench:
     workdir: Path
-    nginx: Nginx
+    nginx: links.Nginx
     endpoint: str
     checkpoint_url: str  # the checkpoint function the task starts at
     lifecycle: Lifecycle
@@ -1199,7 +1082,7 @@ class Bench:
             requires=self.snapshots.recorded_check(seed),
         )
         if not isinstance(born, Written) or born.entry is None:
-            raise BenchError(f"{slot}: the birth was refused: {born}")
+            raise links.BenchError(f"{slot}: the birth was refused: {born}")
         incarnation = f"local:{slot}:{born.record.attempt}"
         recorded = self.lifecycle.write(
             transitions.RECORD_INCARNATION,
@@ -1207,7 +1090,7 @@ class Bench:
             transitions.Launched(incarnation=incarnation, launch=born.entry.ref, now=now),
         )
         if not isinstance(recorded, Written):
-            raise BenchError(f"{slot}: the incarnation was not recorded: {recorded}")
+            raise links.BenchError(f"{slot}: the incarnation was not recorded: {recorded}")
         return recorded.record, born.entry.ref
 
     def task(self, plan: SlotPlan, incarnation: str, workspace: Path, folder: Path) -> Timed:
@@ -1264,7 +1147,7 @@ class Bench:
             or not (checkout / DEPS_PATH / ".package-lock.json").is_file()
         ):
             tail = (folder / "task.log").read_text(errors="replace")[-2000:]
-            raise BenchError(f"{slot} did not seed (exit {timed.code}): {classified}\n{tail}")
+            raise links.BenchError(f"{slot} did not seed (exit {timed.code}): {classified}\n{tail}")
         return result
 
     def baseline(self, case: Input, downloader: str = "curl") -> BaselineRun:
@@ -1296,14 +1179,16 @@ class Bench:
                     timed = timed_run(argv, env=self.environment, log=output)
                 if timed.code != 0:
                     tail = log.read_text(errors="replace")[-2000:]
-                    raise BenchError(f"baseline {name} exited {timed.code}:\n{tail}")
+                    raise links.BenchError(f"baseline {name} exited {timed.code}:\n{tail}")
                 steps[name], rss[name] = timed.seconds, timed.max_rss_kb
             listed = (folder / "sha256.log").read_text().splitlines()
             digests = [line.split()[0] for line in listed if line]
             if digests != [archived.sha256 for archived in case.archives]:
-                raise BenchError(f"{downloader}: the archives' digests are not the snapshot's")
+                raise links.BenchError(
+                    f"{downloader}: the archives' digests are not the snapshot's"
+                )
             if _head(checkout) != case.commit:
-                raise BenchError(f"{downloader}: HEAD is not the snapshot's commit")
+                raise links.BenchError(f"{downloader}: HEAD is not the snapshot's commit")
         shutil.rmtree(folder)
         return BaselineRun(total_s=sum(steps.values()), steps_s=steps, max_rss_kb=rss)
 
@@ -1362,13 +1247,15 @@ def peak_rss_kb(folder: Path, slot: str) -> int:
     try:
         return int((folder / "vmhwm").read_text().split()[1])  # "VmHWM:   123456 kB"
     except (OSError, IndexError, ValueError) as unreadable:
-        raise BenchError(f"{slot}: no VmHWM from the sandbox command") from unreadable
+        raise links.BenchError(f"{slot}: no VmHWM from the sandbox command") from unreadable
 
 
 def unpack(case: Input, checkout: Path) -> None:
     """Both archives extracted where the restore puts them (untimed set-up)."""
-    run_checked(["unsquashfs", "-q", "-n", "-d", str(checkout), str(case.checkout.path)])
-    run_checked(["unsquashfs", "-q", "-n", "-d", str(checkout / DEPS_PATH), str(case.deps.path)])
+    links.run_checked(["unsquashfs", "-q", "-n", "-d", str(checkout), str(case.checkout.path)])
+    links.run_checked(
+        ["unsquashfs", "-q", "-n", "-d", str(checkout / DEPS_PATH), str(case.deps.path)]
+    )
 
 
 # -- links and rounds (shared with resume.py) -----------------------------------------------
@@ -1383,11 +1270,6 @@ def parse_rates(rates: Sequence[str]) -> list[str | None]:
                 f"--rates: nginx rates like 50m or 800k, or {UNLIMITED!r}"
             )
     return parsed
-
-
-def rate_bytes(rate: str) -> int:
-    """An nginx rate ("50m") in bytes per second (its units are binary)."""
-    return int(rate.rstrip("km")) * {"k": 1024, "m": 1024**2}.get(rate[-1], 1)
 
 
 def rate_label(rate: str | None) -> str:
@@ -1808,7 +1690,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = measure_all(
             console, workdir, inputs, rates=rates, rounds=options.rounds, budget=options.budget
         )
-    except BenchError as broken:
+    except links.BenchError as broken:
         console.print(f"[red]the benchmark could not measure:[/red] {broken}")
         return 1
     finally:
@@ -1833,7 +1715,7 @@ def measure_all(
     keys = TaskKeys(workdir)
     gateway = checkpoint_function(moto.endpoint, keys)
     servers = [
-        Nginx(workdir / "archives", workdir, limit_rate=rate, home=f"nginx-{index}")
+        links.Nginx(workdir / "archives", workdir, limit_rate=rate, home=f"nginx-{index}")
         for index, rate in enumerate(rates)
     ]
     try:

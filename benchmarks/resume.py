@@ -73,8 +73,9 @@ from seedkeeper_tools.local.motoserver import AtomicMotoServer
 from seedkeeper_tools.local.principals import TaskKeys
 
 if TYPE_CHECKING:
-    from benchmarks import restore
+    from benchmarks import links, restore
 else:
+    import links
     import restore  # the script's own folder is on sys.path: the restore benchmark
 
 MB = restore.MB
@@ -155,7 +156,7 @@ class Bench:
                     workspace / CHECKOUT, target, user=None, timeout=CAPTURE_TIMEOUT
                 )
             except capture.CaptureFailed as failed:
-                raise restore.BenchError(f"the capture failed: {failed}") from failed
+                raise links.BenchError(f"the capture failed: {failed}") from failed
             worktree = _worktree_entries(workspace / CHECKOUT)
         target.chmod(0o644)  # sealed 0600 by the capture; nginx's workers read it
         return Parkable(target, captured.size, captured.sha256, captured.md5, worktree)
@@ -188,7 +189,7 @@ class Bench:
             result = bench.seeded(slot, case, timed, workspace, folder, resumed=True)
             restored = _worktree_entries(workspace / CHECKOUT)
             if restored != parkable.worktree:
-                raise restore.BenchError(
+                raise links.BenchError(
                     f"{slot}: {restored} worktree entries resumed, {parkable.worktree} parked"
                 )
             return _task_run(timed, result, folder, slot)
@@ -236,7 +237,7 @@ class Bench:
         poll = transitions.Poll(record.binding, now=now, idle_deadline=now + 3600)
         resumed = self._written(self.lifecycle.apply(slot, transitions.RESUME, poll), "resume")
         if resumed.entry is None or not resumed.record.resuming:
-            raise restore.BenchError(f"{slot}: the resume reserved no restore: {resumed}")
+            raise links.BenchError(f"{slot}: the resume reserved no restore: {resumed}")
         incarnation = f"local:{slot}:{resumed.record.attempt}"
         launched = transitions.Launched(incarnation=incarnation, launch=resumed.entry.ref, now=now)
         record = self._write(transitions.RECORD_INCARNATION, resumed.record, launched).record
@@ -250,7 +251,7 @@ class Bench:
     @staticmethod
     def _written(outcome: object, name: str) -> Written:
         if not isinstance(outcome, Written):
-            raise restore.BenchError(f"{name} was not written: {outcome}")
+            raise links.BenchError(f"{name} was not written: {outcome}")
         return outcome
 
     def baseline(self, case: restore.Input) -> restore.BaselineRun:
@@ -503,7 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = measure_all(
             console, workdir, inputs, rates=rates, pairs=options.pairs, disks=disks
         )
-    except restore.BenchError as broken:
+    except links.BenchError as broken:
         console.print(f"[red]the benchmark could not measure:[/red] {broken}")
         return 1
     finally:
@@ -533,7 +534,7 @@ def measure_all(
     keys = TaskKeys(workdir)
     gateway = restore.checkpoint_function(moto.endpoint, keys)
     servers = [
-        restore.Nginx(served, workdir, limit_rate=rate, home=f"resume-nginx-{index}")
+        links.Nginx(served, workdir, limit_rate=rate, home=f"resume-nginx-{index}")
         for index, rate in enumerate(rates)
     ]
     try:
