@@ -35,8 +35,10 @@ cores instead, and `description` says so.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
+import random
 import shutil
 import socket
 import ssl
@@ -44,9 +46,10 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 PER_CONNECTION_RATE = "50m"  # nginx's syntax: MiB/s
 TOTAL_RATE = 125_000_000  # bytes/s each way: 1 Gbit/s
@@ -486,3 +489,59 @@ def cpu_shapes(counts: Sequence[int]) -> Iterator[list[CpuShape]]:
     finally:
         for shape in shapes:
             shape.stop()
+
+
+# -- cells and rounds ------------------------------------------------------------------------
+
+MIN_ROUNDS = 5
+DEFAULT_CPUS = (1, 2)
+
+
+def add_cell_options(parser: argparse.ArgumentParser, *, rounds: int = MIN_ROUNDS) -> None:
+    """--links, --cpus, --rounds and --seed, as the restore, resume and checkpoint
+    benchmarks take them: every link at every CPU shape is a cell."""
+    parser.add_argument(
+        "--links",
+        nargs="+",
+        choices=list(LINKS),
+        default=list(LINKS),
+        metavar="LINK",
+        help=f"the links to measure on, of {', '.join(LINKS)} (default: all)",
+    )
+    parser.add_argument(
+        "--cpus",
+        nargs="+",
+        type=int,
+        default=list(DEFAULT_CPUS),
+        metavar="N",
+        help="the task's vCPUs, one series each (a CFS quota; default: 1 2)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=_at_least(MIN_ROUNDS),
+        default=rounds,
+        help=f"rounds per cell, each in an order of its own (at least {MIN_ROUNDS})",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=1, help="the random orders' seed (recorded in the JSON)"
+    )
+
+
+def _at_least(least: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"at least {least}")
+        return value
+
+    return parse
+
+
+M = TypeVar("M")
+
+
+def shuffled(methods: Sequence[M], rng: random.Random) -> tuple[M, ...]:
+    """One round's order: `methods` in a random order of `rng`'s."""
+    order = list(methods)
+    rng.shuffle(order)
+    return tuple(order)

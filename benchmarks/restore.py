@@ -879,6 +879,7 @@ class Timed:
     max_rss_kb: int  # the process and its waited-for descendants (wait4)
     code: int
     started_at: float = 0.0  # time.time() just before the spawn
+    cpu_s: float = 0.0  # user + system, the process and its waited-for descendants
 
 
 def timed_run(argv: Sequence[str], *, env: dict[str, str], log: IO[bytes]) -> Timed:
@@ -901,7 +902,8 @@ def timed_run(argv: Sequence[str], *, env: dict[str, str], log: IO[bytes]) -> Ti
         killer.cancel()
     seconds = time.perf_counter() - started
     process.returncode = os.waitstatus_to_exitcode(status)
-    return Timed(seconds, usage.ru_maxrss, process.returncode, started_at)
+    cpu = usage.ru_utime + usage.ru_stime
+    return Timed(seconds, usage.ru_maxrss, process.returncode, started_at, cpu)
 
 
 def ready_s(timed: Timed, folder: Path, slot: str) -> float:
