@@ -97,7 +97,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any
 
 import boto3
 from rich.console import Console
@@ -135,26 +135,36 @@ BUCKET = "seedkeeper-bench"  # the R2 bucket the checkpoint function presigns fo
 REGION = "us-east-1"
 REF = "main"
 ORIGIN = "https://git.example.com/bench/synthetic.git"
-# Targets (issue 17), each on the paired median of the whole process against a baseline.
-CAPPED_CURL_TARGET = 0.5
-CAPPED_ARIA2C_TARGET = 0.8
-UNLIMITED_ARIA2C_TARGET = 1.0
+# Targets (issue 31), each on the paired median of the whole task process, in every cell.
+STRONGEST_TARGET = 1.0  # against the strongest baseline
+FLOOR_TARGET = 1.1  # against the CPU floor (unsquashfs of both alone) plus the link floor
 RSS_TARGET_MB = 150.0
 # "Not growing with size": the larger archive's peak is within this of the smaller's.
 RSS_FLAT_MB = 10.0
 RUN_TIMEOUT = 900.0
-MIN_ROUNDS = 3
-DEFAULT_RATES = ("50m", "none")
-UNLIMITED = "none"
 # The baselines' verification: OpenSSL's sha256, as fast as the task's (CPU extensions);
 # `-r` prints "<digest> *<file>", as sha256sum does.
 SHA256_COMMAND = ("openssl", "dgst", "-sha256", "-r")
 TASK_PARTS: int = TaskSettings.model_fields["download_parts"].default  # ranges per archive
-# aria2c's connections per archive: 4 as the issue names it, and as many as the task's.
-ARIA2C_AS_OURS = f"aria2c -x{TASK_PARTS}"
-ARIA2C_CONNECTIONS = {"aria2c": 4, ARIA2C_AS_OURS: TASK_PARTS}
-BASELINES = ("curl", *ARIA2C_CONNECTIONS)
-METHODS = ("ours", *BASELINES)
+# The strongest baseline a shell user writes (`Bench.strongest`): both archives at once,
+# each over as many connections as the task opens, each extracted as soon as it has landed
+# and verified, then git trusting the restored stat data as far as git can.
+STRONGEST = "shell"
+STRONGEST_GIT = ("-c", "core.checkStat=minimal", "-c", "core.trustctime=false")
+# The plain ones: one step after another, git as it comes.
+ARIA2C_CONNECTIONS = 4
+PLAIN = ("aria2c", "curl")
+BASELINES = (STRONGEST, *PLAIN)
+FLOOR = "floor"  # unsquashfs of both archives at once, nothing else: the CPU floor
+METHODS = ("ours", *BASELINES, FLOOR)
+DESCRIPTIONS = {
+    "ours": "the slot task, its whole process",
+    STRONGEST: f"aria2c -x{TASK_PARTS} per archive, both at once, each verified and "
+    "extracted as it lands; git checkout with core.checkStat=minimal, trustctime=false",
+    "aria2c": f"aria2c -x{ARIA2C_CONNECTIONS} of both; then sha256, unsquashfs each, git checkout",
+    "curl": "curl of one archive, then the other; then sha256, unsquashfs each, git checkout",
+    FLOOR: "unsquashfs of both archives at once from the page cache, nothing else",
+}
 # The commands every run needs, and the Debian packages holding them.
 TOOLS = {
     "git": "git",
@@ -928,6 +938,7 @@ class OursRun:
     steps_ms: dict[str, int]
     peak_rss_kb: int  # the task's own VmHWM
     tree_max_rss_kb: int  # the task and its children (unsquashfs, git)
+    cpu_s: float = 0.0  # user + system, the task and its children, until it exited
 
 
 @dataclass
@@ -935,6 +946,7 @@ class BaselineRun:
     total_s: float
     steps_s: dict[str, float]
     max_rss_kb: dict[str, int]
+    cpu_s: float = 0.0  # user + system of every process it ran
 
 
 class Disks:
@@ -1007,6 +1019,7 @@ class Bench:
     snapshots: SnapshotStore
     environment: dict[str, str]  # what every subprocess inherits: no SEEDKEEPER_*, fake AWS
     keys: TaskKeys  # each task's own, as the local runtime gives them
+    shape: links.CpuShape  # the task's CPU: every timed command runs inside it
     # Each run extracts into a fresh journaled filesystem: this machine's root filesystem
     # (ext4 without a journal) makes creating files right after deleting many quadratic.
     disks: Disks = field(default_factory=Disks)
@@ -1053,6 +1066,7 @@ class Bench:
             steps_ms=dict(result.steps),
             peak_rss_kb=peak,
             tree_max_rss_kb=timed.max_rss_kb,
+            cpu_s=timed.cpu_s,
         )
 
     def launched(
@@ -1106,21 +1120,26 @@ class Bench:
             f"date +%s.%N > {shlex.quote(str(ready))}; "
             f"grep VmHWM /proc/$PPID/status > {shlex.quote(str(hwm))}"
         )
-        environment = self.environment | {
-            PLAN_VARIABLE: plan.to_env(),
-            "SEEDKEEPER_WORKSPACE": str(workspace),
-            "SEEDKEEPER_INCARNATION": incarnation,
-            # Its own session of the task role, for its API alone (the checkpoint function).
-            "AWS_ACCESS_KEY_ID": keys.access_key,
-            "AWS_SECRET_ACCESS_KEY": keys.secret_key,
-            "SEEDKEEPER_CHECKPOINT_URL": self.checkpoint_url,
-            "SEEDKEEPER_SANDBOX_COMMAND": json.dumps(["sh", "-c", probe]),
-        }
+        environment = (
+            self.environment
+            | self.nginx.client_environment()
+            | {
+                PLAN_VARIABLE: plan.to_env(),
+                "SEEDKEEPER_WORKSPACE": str(workspace),
+                "SEEDKEEPER_INCARNATION": incarnation,
+                # Its own session of the task role, for its API alone (the checkpoint function).
+                "AWS_ACCESS_KEY_ID": keys.access_key,
+                "AWS_SECRET_ACCESS_KEY": keys.secret_key,
+                "SEEDKEEPER_CHECKPOINT_URL": self.checkpoint_url,
+                "SEEDKEEPER_SANDBOX_COMMAND": json.dumps(["sh", "-c", probe]),
+            }
+        )
         # The checkpoint function runs in this process: its grants point at this run's nginx.
         os.environ["SEEDKEEPER_R2_ENDPOINT"] = self.nginx.endpoint
         _settle_disk()
         with (folder / "task.log").open("wb") as log:
-            return timed_run([sys.executable, "-m", "seedkeeper_task"], env=environment, log=log)
+            task = self.shape.wrap([sys.executable, "-m", "seedkeeper_task"])
+            return timed_run(task, env=environment, log=log)
 
     def seeded(
         self,
@@ -1152,14 +1171,16 @@ class Bench:
             raise links.BenchError(f"{slot} did not seed (exit {timed.code}): {classified}\n{tail}")
         return result
 
-    def baseline(self, case: Input, downloader: str = "curl") -> BaselineRun:
+    def baseline(self, case: Input, downloader: str) -> BaselineRun:
         """`downloader` (curl or aria2c) fetching both archives, `openssl dgst -sha256` (the task
         verifies too), `unsquashfs` with the task's own flags (the same bounded caches, the
         same strictness) of each, where the task puts it, and `git checkout -B`; each a
-        subprocess, into a fresh journaled filesystem; the digests and HEAD checked."""
-        folder = self.run_dir(f"{downloader.replace(' ', '')}-{next(self.slots)}")
+        subprocess, one after the other, into a fresh journaled filesystem; the digests and
+        HEAD checked."""
+        folder = self.run_dir(f"{downloader}-{next(self.slots)}")
         steps: dict[str, float] = {}
         rss: dict[str, int] = {}
+        cpu = 0.0
         with self.disks.fresh(folder, capacity(case)) as root:
             checkout = root / "checkout"
             commands = {
@@ -1176,34 +1197,131 @@ class Bench:
             commands["git checkout"] = [*git, "checkout", "-q", "-B", REF, case.commit]
             _settle_disk()
             for name, argv in commands.items():
-                log = folder / f"{name.replace(' ', '-')}.log"
-                with log.open("wb") as output:
-                    timed = timed_run(argv, env=self.environment, log=output)
-                if timed.code != 0:
-                    tail = log.read_text(errors="replace")[-2000:]
-                    raise links.BenchError(f"baseline {name} exited {timed.code}:\n{tail}")
+                timed = self._step(name, argv, folder)
                 steps[name], rss[name] = timed.seconds, timed.max_rss_kb
+                cpu += timed.cpu_s
             listed = (folder / "sha256.log").read_text().splitlines()
             digests = [line.split()[0] for line in listed if line]
             if digests != [archived.sha256 for archived in case.archives]:
-                raise links.BenchError(
-                    f"{downloader}: the archives' digests are not the snapshot's"
-                )
+                raise links.BenchError(f"{downloader}: the archives' digests are wrong")
             if _head(checkout) != case.commit:
                 raise links.BenchError(f"{downloader}: HEAD is not the snapshot's commit")
         shutil.rmtree(folder)
-        return BaselineRun(total_s=sum(steps.values()), steps_s=steps, max_rss_kb=rss)
+        return BaselineRun(total_s=sum(steps.values()), steps_s=steps, max_rss_kb=rss, cpu_s=cpu)
+
+    def strongest(self, case: Input) -> BaselineRun:
+        """The strongest restore a shell user writes, one bash script: both archives at once
+        (aria2c, as many connections per archive as the task opens), each verified
+        (`openssl dgst -sha256`, digest compared) and extracted (`unsquashfs`, the task's
+        flags) as soon as it has landed while the other still comes, the deps tree moved
+        into the checkout, then `git checkout` with `core.checkStat=minimal` and
+        `core.trustctime=false` (the index's stat data trusted on size and mtime, which
+        unsquashfs restores). Its steps: when each branch's download, verification and
+        extraction ended, and git's time."""
+        folder = self.run_dir(f"{STRONGEST}-{next(self.slots)}")
+        marks = folder / "marks"
+        with self.disks.fresh(folder, capacity(case)) as root:
+            checkout, deps = root / "checkout", root / "deps"
+            branches = [
+                shlex.join(
+                    [
+                        "branch",
+                        kind,
+                        self.nginx.url(archived.path),
+                        archived.path.name,
+                        archived.sha256,
+                        str(target),
+                    ]
+                )
+                + " &"
+                for kind, archived, target in (
+                    ("checkout", case.checkout, checkout),
+                    ("deps", case.deps, deps),
+                )
+            ]
+            aria2c = shlex.join([*self._aria2c(TASK_PARTS), "-d", str(root)])
+            unsquashfs = shlex.join(UNSQUASHFS_COMMAND)
+            git = shlex.join(["git", *STRONGEST_GIT, "-C", str(checkout)])
+            script = f"""set -eu
+mark() {{ echo "$1 $(date +%s.%N)" >> {shlex.quote(str(marks))}; }}
+branch() {{
+    {aria2c} -o "$3" "$2"
+    mark "$1 download"
+    digest=$(openssl dgst -sha256 -r {shlex.quote(str(root))}/"$3")
+    [ "${{digest%% *}}" = "$4" ] || {{ echo "$1: wrong digest" >&2; exit 1; }}
+    mark "$1 verify"
+    {unsquashfs} -d "$5" {shlex.quote(str(root))}/"$3"
+    mark "$1 unsquashfs"
+}}
+mark start
+{branches[0]}
+checkout=$!
+{branches[1]}
+deps=$!
+wait "$checkout"
+wait "$deps"
+mv {shlex.quote(str(deps))} {shlex.quote(str(checkout / DEPS_PATH))}
+{git} checkout -q -B {REF} {case.commit}
+mark git
+"""
+            _settle_disk()
+            timed = self._step(STRONGEST, ["bash", "-c", script], folder)
+            if _head(checkout) != case.commit or not (checkout / DEPS_PATH).is_dir():
+                raise links.BenchError(f"{STRONGEST}: HEAD is not the snapshot's commit")
+        times = dict(line.rsplit(" ", 1) for line in marks.read_text().splitlines())
+        start = float(times.pop("start"))
+        git_s = float(times.pop("git")) - max(map(float, times.values()))
+        steps = {name: float(at) - start for name, at in times.items()} | {"git checkout": git_s}
+        shutil.rmtree(folder)
+        return BaselineRun(
+            total_s=timed.seconds,
+            steps_s=steps,
+            max_rss_kb={STRONGEST: timed.max_rss_kb},
+            cpu_s=timed.cpu_s,
+        )
+
+    def floor(self, case: Input) -> BaselineRun:
+        """The CPU floor: `unsquashfs` (the task's flags) of both archives at once, from the
+        page cache into a fresh filesystem, nothing else."""
+        folder = self.run_dir(f"{FLOOR}-{next(self.slots)}")
+        with self.disks.fresh(folder, capacity(case)) as root:
+            both = " & ".join(
+                shlex.join([*UNSQUASHFS_COMMAND, "-d", str(root / kind), str(archived.path)])
+                for kind, archived in (("checkout", case.checkout), ("deps", case.deps))
+            )
+            _settle_disk()
+            timed = self._step(FLOOR, ["bash", "-c", f"set -e; {both} & wait %1; wait %2"], folder)
+        shutil.rmtree(folder)
+        return BaselineRun(
+            total_s=timed.seconds,
+            steps_s={"unsquashfs both": timed.seconds},
+            max_rss_kb={FLOOR: timed.max_rss_kb},
+            cpu_s=timed.cpu_s,
+        )
+
+    def _step(self, name: str, argv: Sequence[str], folder: Path) -> Timed:
+        """One timed command inside the task's CPU shape, trusting the link; its output in
+        `folder`/<name>.log, a failure raised with its tail."""
+        log = folder / f"{name.replace(' ', '-')}.log"
+        with log.open("wb") as output:
+            timed = timed_run(
+                self.shape.wrap(argv),
+                env=self.environment | self.nginx.client_environment(),
+                log=output,
+            )
+        if timed.code != 0:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise links.BenchError(f"{name} exited {timed.code}:\n{tail}")
+        return timed
 
     def _download(self, downloader: str, case: Input, root: Path, folder: Path) -> list[str]:
         """The download's command: both archives into `root`, under their own names."""
         if downloader == "curl":  # one stream at a time, one archive after the other
-            argv = ["curl", "-s", "-f"]
+            argv = ["curl", "-s", "-f", *self.nginx.curl_options()]
             for archived in case.archives:
                 argv += ["-o", str(root / archived.path.name), self.nginx.url(archived.path)]
             return argv
-        # Both at once, its connections each, every piece at least 1 MiB; the files written
-        # as they come (no preallocation), no configuration file read.
-        connections = ARIA2C_CONNECTIONS[downloader]
+        # Both at once from one input file, its connections each.
         listing = folder / "aria2c.input"
         listing.write_text(
             "".join(
@@ -1211,6 +1329,11 @@ class Bench:
                 for archived in case.archives
             )
         )
+        return [*self._aria2c(ARIA2C_CONNECTIONS), "-d", str(root), "-i", str(listing)]
+
+    def _aria2c(self, connections: int) -> list[str]:
+        """aria2c with `connections` per file, every piece at least 1 MiB, the file written
+        as it comes (no preallocation), no configuration file read, the link trusted."""
         return [
             "aria2c",
             "--no-conf",
@@ -1221,10 +1344,7 @@ class Bench:
             "--file-allocation=none",
             "--allow-overwrite=true",
             "--auto-file-renaming=false",
-            "-d",
-            str(root),
-            "-i",
-            str(listing),
+            *self.nginx.aria2c_options(),
         ]
 
 
@@ -1260,7 +1380,9 @@ def unpack(case: Input, checkout: Path) -> None:
     )
 
 
-# -- links and rounds (shared with resume.py) -----------------------------------------------
+# -- rates, for the first-command benchmark's per-connection link ---------------------------
+
+UNLIMITED = "none"
 
 
 def parse_rates(rates: Sequence[str]) -> list[str | None]:
@@ -1281,19 +1403,6 @@ def rate_label(rate: str | None) -> str:
     return f"{rate.rstrip('km')}{unit}/s per connection"
 
 
-M = TypeVar("M")
-
-
-def rotations(methods: Sequence[M]) -> list[tuple[M, ...]]:
-    """The orders of successive rounds, taken in turn: the rotations of `methods`, then those
-    of its reverse. Each method runs first once in every len(methods) rounds, and (for
-    three) six rounds run every order."""
-    orders: list[tuple[M, ...]] = []
-    for sequence in (tuple(methods), tuple(reversed(methods))):
-        orders += [sequence[index:] + sequence[:index] for index in range(len(sequence))]
-    return orders
-
-
 def spread(values: Sequence[float], digits: int = 2) -> str:
     """Median (min-max)."""
     return (
@@ -1308,26 +1417,45 @@ def spread(values: Sequence[float], digits: int = 2) -> str:
 @dataclass
 class Result:
     case: Input
-    rate: str | None
+    link: links.LinkSpec
+    shape: str  # the task's CPU, "1 vCPU"
     ours: list[OursRun] = field(default_factory=list)
     baselines: dict[str, list[BaselineRun]] = field(
-        default_factory=lambda: {name: [] for name in BASELINES}
+        default_factory=lambda: {name: [] for name in (*BASELINES, FLOOR)}
     )
     orders: list[tuple[str, ...]] = field(default_factory=list)  # each round's
+
+    @property
+    def where(self) -> str:
+        return f"{self.link.name}, {self.case.label}, {self.shape}"
 
     @property
     def rounds(self) -> int:
         return len(self.ours)
 
     def median(self, method: str) -> float:
-        """The median seconds of a baseline, or of ours' whole process."""
+        """The median seconds of a baseline (or the floor's unsquashfs), or of ours' whole
+        process."""
         if method == "ours":
             return statistics.median(run.process_s for run in self.ours)
         return statistics.median(run.total_s for run in self.baselines[method])
 
+    def cpu_s(self, method: str) -> float:
+        runs = self.ours if method == "ours" else self.baselines[method]
+        return statistics.median(run.cpu_s for run in runs)
+
     @property
     def restore_s(self) -> float:
         return statistics.median(run.restore_s for run in self.ours)
+
+    @property
+    def link_floor_s(self) -> float:
+        """The least time the link brings both archives, each over the task's ranges."""
+        return self.link.floor_s([archived.size for archived in self.case.archives], TASK_PARTS)
+
+    def floors(self) -> list[float]:
+        """Each round's floor: its unsquashfs of both alone, plus the link floor."""
+        return [run.total_s + self.link_floor_s for run in self.baselines[FLOOR]]
 
     @property
     def peak_rss_mb(self) -> float:
@@ -1335,10 +1463,13 @@ class Result:
 
     def paired(self, baseline: str, *, whole: bool = True) -> list[float]:
         """Each of ours' runs (its whole process, else its restore) against the `baseline`
-        run of its round: their spread shows the noise."""
+        run of its round (FLOOR: the round's floor): their spread shows the noise."""
+        against = (
+            self.floors() if baseline == FLOOR else [r.total_s for r in self.baselines[baseline]]
+        )
         return [
-            (run.process_s if whole else run.restore_s) / base.total_s
-            for run, base in zip(self.ours, self.baselines[baseline], strict=True)
+            (run.process_s if whole else run.restore_s) / base
+            for run, base in zip(self.ours, against, strict=True)
         ]
 
     def ours_steps(self) -> dict[str, float]:
@@ -1368,16 +1499,21 @@ class Result:
             f"paired_{'process' if whole else 'restore'}_to_{baseline}": self.paired(
                 baseline, whole=whole
             )
-            for baseline in BASELINES
+            for baseline in (*BASELINES, FLOOR)
             for whole in (True, False)
         }
         return {
             "size": self.case.label,
-            "link": rate_label(self.rate),
+            "link": self.link.name,
+            "link_label": self.link.label,
+            "cpu": self.shape,
             "rounds": self.rounds,
+            "link_floor_s": self.link_floor_s,
+            "median_floor_s": statistics.median(self.floors()),
             "median_ours_process_s": self.median("ours"),
             "median_ours_restore_s": self.restore_s,
-            **{f"median_{baseline}_s": self.median(baseline) for baseline in BASELINES},
+            **{f"median_{method}_s": self.median(method) for method in (*BASELINES, FLOOR)},
+            **{f"median_{method}_cpu_s": self.cpu_s(method) for method in METHODS},
             **ratios,
             "peak_rss_mb": self.peak_rss_mb,
             "ours_steps_median_s": self.ours_steps(),
@@ -1390,8 +1526,8 @@ class Result:
             "runs": {
                 "ours": [asdict(run) for run in self.ours],
                 **{
-                    baseline: [asdict(run) for run in self.baselines[baseline]]
-                    for baseline in BASELINES
+                    method: [asdict(run) for run in self.baselines[method]]
+                    for method in (*BASELINES, FLOOR)
                 },
             },
         }
@@ -1418,7 +1554,13 @@ def _input_summary(case: Input) -> dict[str, Any]:
 
 
 def report(
-    console: Console, inputs: list[Input], results: list[Result], disks: Disks, workdir: Path
+    console: Console,
+    inputs: list[Input],
+    results: list[Result],
+    disks: Disks,
+    workdir: Path,
+    *,
+    setting: dict[str, Any],
 ) -> None:
     console.print(_inputs_table(inputs))
     console.print(_results_table(results))
@@ -1426,10 +1568,9 @@ def report(
     console.print(
         "[dim]ours' steps are the task's own (result.steps, inside result.ms); whatever it "
         "does before its restore's clock starts (its downloads start with the process) falls "
-        f"in 'process'. disk: {disks.description}; nginx on loopback, the archives in the "
-        f"page cache; the task downloads both archives at once in {TASK_PARTS} ranges each, "
-        "curl one stream at a time, aria2c 4 (or 8) per archive, both at once; nothing caps "
-        "the connections' sum.[/dim]"
+        f"in 'process'. disk: {disks.description}; the archives in the page cache; "
+        + "; ".join(f"{method}: {text}" for method, text in DESCRIPTIONS.items())
+        + ".[/dim]"
     )
     _targets(console, inputs, results)
     figures = workdir / "restore-results.json"
@@ -1438,6 +1579,7 @@ def report(
             {
                 "cpus": os.cpu_count(),
                 "disk": disks.description,
+                **setting,
                 "versions": {
                     tool: _version([tool, flag])
                     for tool, flag in (
@@ -1445,15 +1587,14 @@ def report(
                         ("git", "--version"),
                         ("curl", "--version"),
                         ("aria2c", "--version"),
+                        ("nginx", "-v"),
                     )
                 },
                 "task_download_parts": TASK_PARTS,
-                "aria2c_connections": ARIA2C_CONNECTIONS,
-                "targets_against": "aria2c",
+                "methods": DESCRIPTIONS,
                 "targets": {
-                    "capped_process_to_curl": CAPPED_CURL_TARGET,
-                    "capped_process_to_aria2c": CAPPED_ARIA2C_TARGET,
-                    "unlimited_process_to_aria2c": UNLIMITED_ARIA2C_TARGET,
+                    "process_to_strongest": STRONGEST_TARGET,
+                    "process_to_floor": FLOOR_TARGET,
                     "peak_rss_mb": RSS_TARGET_MB,
                     "peak_rss_flat_mb": RSS_FLAT_MB,
                 },
@@ -1497,51 +1638,60 @@ def _inputs_table(inputs: list[Input]) -> Table:
 
 def _results_table(results: list[Result]) -> Table:
     table = Table(
-        title="Restore: ours (the whole task process; its restore as it records it) vs curl "
-        f"and aria2c -x4 (and {ARIA2C_AS_OURS}: the task's connections), each + sha256 + "
-        "unsquashfs + git checkout (medians in s; paired ratios as median (min-max))"
+        title="Restore: ours (the whole task process) vs the strongest shell baseline "
+        f"({STRONGEST}), aria2c and curl; floor = unsquashfs of both alone + the link's floor "
+        "(medians in s, CPU in s; paired ratios as median (min-max))"
     )
     for column in (
         "link",
         "size",
+        "CPU",
         "rounds",
-        "ours: process",
-        "ours: restore",
-        "curl",
+        "ours",
+        STRONGEST,
         "aria2c",
-        ARIA2C_AS_OURS,
-        "process / curl",
-        "process / aria2c",
-        f"process / {ARIA2C_AS_OURS}",
-        "restore / curl",
-        "restore / aria2c",
+        "curl",
+        "link floor",
+        "floor",
+        "ours / shell",
+        "ours / floor",
+        "ours / aria2c",
+        "ours / curl",
+        "CPU: ours",
+        "CPU: shell",
         "peak RSS MB",
     ):
-        table.add_column(column, justify="left" if column in ("link", "size") else "right")
+        table.add_column(column, justify="left" if column in ("link", "size", "CPU") else "right")
     for result in results:
         table.add_row(
-            rate_label(result.rate),
+            result.link.name,
             result.case.label,
+            result.shape,
             str(result.rounds),
             f"{result.median('ours'):.2f}",
-            f"{result.restore_s:.2f}",
-            f"{result.median('curl'):.2f}",
+            f"{result.median(STRONGEST):.2f}",
             f"{result.median('aria2c'):.2f}",
-            f"{result.median(ARIA2C_AS_OURS):.2f}",
-            spread(result.paired("curl")),
+            f"{result.median('curl'):.2f}",
+            f"{result.link_floor_s:.2f}",
+            f"{statistics.median(result.floors()):.2f}",
+            spread(result.paired(STRONGEST)),
+            spread(result.paired(FLOOR)),
             spread(result.paired("aria2c")),
-            spread(result.paired(ARIA2C_AS_OURS)),
-            spread(result.paired("curl", whole=False)),
-            spread(result.paired("aria2c", whole=False)),
+            spread(result.paired("curl")),
+            f"{result.cpu_s('ours'):.2f}",
+            f"{result.cpu_s(STRONGEST):.2f}",
             f"{result.peak_rss_mb:.1f}",
         )
     return table
 
 
 def _steps_table(results: list[Result]) -> Table:
-    steps = Table(title="Where the time goes (medians, seconds)")
+    steps = Table(
+        title="Where the time goes (medians, seconds; the shell's branches as times from its "
+        "start, when each step ended)"
+    )
     baselines = [heading for name in BASELINES for heading in (f"{name}: step", "s")]
-    for heading in ("link, size", "ours: step", "s", *baselines):
+    for heading in ("cell", "ours: step", "s", *baselines):
         steps.add_column(heading, justify="right" if heading == "s" else "left")
     for result in results:
         listed = [list(result.ours_steps().items())] + [
@@ -1549,7 +1699,7 @@ def _steps_table(results: list[Result]) -> Table:
         ]
         rows = max(len(steps_of) for steps_of in listed)
         for index in range(rows):
-            cells = [f"{rate_label(result.rate)}, {result.case.label}" if index == 0 else ""]
+            cells = [result.where if index == 0 else ""]
             for steps_of in listed:
                 step, seconds = steps_of[index] if index < len(steps_of) else ("", None)
                 cells += [step, "" if seconds is None else f"{seconds:.2f}"]
@@ -1560,25 +1710,20 @@ def _steps_table(results: list[Result]) -> Table:
 def _targets(console: Console, inputs: list[Input], results: list[Result]) -> None:
     console.print("[bold]Targets[/bold] (paired medians of the whole task process)")
     for result in results:
-        where = f"{result.case.label}, {rate_label(result.rate)}"
-        aria2c = statistics.median(result.paired("aria2c"))
-        if result.rate is None:
-            _verdict(
-                console,
-                aria2c <= UNLIMITED_ARIA2C_TARGET,
-                f"{where}: ours / aria2c {aria2c:.2f}, target <= {UNLIMITED_ARIA2C_TARGET}",
-            )
-            continue
-        curl = statistics.median(result.paired("curl"))
+        strongest = statistics.median(result.paired(STRONGEST))
         _verdict(
             console,
-            curl <= CAPPED_CURL_TARGET,
-            f"{where}: ours / curl {curl:.2f}, target <= {CAPPED_CURL_TARGET}",
+            strongest <= STRONGEST_TARGET,
+            f"{result.where}: ours / {STRONGEST} {strongest:.2f}, target <= {STRONGEST_TARGET}",
         )
+        floor = statistics.median(result.paired(FLOOR))
         _verdict(
             console,
-            aria2c <= CAPPED_ARIA2C_TARGET,
-            f"{where}: ours / aria2c {aria2c:.2f}, target <= {CAPPED_ARIA2C_TARGET}",
+            floor <= FLOOR_TARGET,
+            f"{result.where}: ours / floor {floor:.2f} (floor "
+            f"{statistics.median(result.floors()):.2f} s = unsquashfs "
+            f"{result.median(FLOOR):.2f} + link {result.link_floor_s:.2f}), "
+            f"target <= {FLOOR_TARGET}",
         )
     peaks: dict[str, float] = {}
     for result in results:
@@ -1626,18 +1771,6 @@ def _environment(workdir: Path) -> dict[str, str]:
     return keep | FAKE_AWS | isolated_git | {"TMPDIR": str(workdir / "tmp")}
 
 
-def add_rates(parser: argparse.ArgumentParser) -> None:
-    """`--rates`, as this benchmark and the resume benchmark take it."""
-    parser.add_argument(
-        "--rates",
-        nargs="+",
-        default=list(DEFAULT_RATES),
-        metavar="RATE",
-        help="nginx limit_rate per connection, one series each (nginx syntax: 50m is "
-        f"50 MiB/s); {UNLIMITED!r}: unlimited loopback",
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
@@ -1648,20 +1781,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SIZE",
         help='the snapshot\'s size: "1 GB", "300 MB", "100 MB" (a smoke run) or any "<N> MB"',
     )
-    add_rates(parser)
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=5,
-        help=f"rounds per link and size (at least {MIN_ROUNDS}; more while the budget lasts)",
-    )
-    parser.add_argument(
-        "--budget",
-        type=float,
-        default=600.0,
-        help=f"seconds for all timed rounds; past {MIN_ROUNDS} rounds per link and size, "
-        "a round runs only while its share lasts",
-    )
+    links.add_cell_options(parser)
     parser.add_argument(
         "--workdir",
         type=Path,
@@ -1669,11 +1789,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="cached inputs, scratch runs and restore-results.json",
     )
     options = parser.parse_args(argv)
-    try:
-        rates = parse_rates(options.rates)
-    except argparse.ArgumentTypeError as wrong:
-        parser.error(str(wrong))
-    console = Console(width=max(Console().width, 180))  # the tables stay readable in a log
+    console = Console(width=max(Console().width, 200))  # the tables stay readable in a log
     for tool, package in TOOLS.items():
         if shutil.which(tool) is None:
             console.print(
@@ -1687,18 +1803,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     shutil.rmtree(workdir / "runs", ignore_errors=True)
     os.environ.update(FAKE_AWS)
     disks = Disks()
+    specs = [links.LINKS[name] for name in options.links]
     try:
         inputs = [build_input(size, workdir, console) for size in options.sizes]
-        results = measure_all(
-            console, workdir, inputs, rates=rates, rounds=options.rounds, budget=options.budget
-        )
+        with links.cpu_shapes(options.cpus) as shapes:
+            setting = {
+                "links": {spec.name: asdict(spec) for spec in specs},
+                "cpu_shapes": [shape.description for shape in shapes],
+                "seed": options.seed,
+            }
+            results = measure_all(
+                console,
+                workdir,
+                inputs,
+                specs=specs,
+                shapes=shapes,
+                rounds=options.rounds,
+                rng=random.Random(options.seed),  # noqa: S311 - orders, not secrets
+            )
     except links.BenchError as broken:
         console.print(f"[red]the benchmark could not measure:[/red] {broken}")
         return 1
     finally:
         unmount_leftovers(workdir / "runs")
         shutil.rmtree(workdir / "runs", ignore_errors=True)
-    report(console, inputs, results, disks, workdir)
+    report(console, inputs, results, disks, workdir, setting=setting)
     return 0  # a report, not a gate
 
 
@@ -1707,89 +1836,96 @@ def measure_all(
     workdir: Path,
     inputs: list[Input],
     *,
-    rates: list[str | None],
+    specs: list[links.LinkSpec],
+    shapes: list[links.CpuShape],
     rounds: int,
-    budget: float,
+    rng: random.Random,
 ) -> list[Result]:
-    """Per link and size, at least MIN_ROUNDS rounds of the three, up to `rounds` while
-    the time budget allows; the order rotates every round."""
+    """Per link, CPU shape and size (a cell), `rounds` rounds of every method, each round in
+    an order of its own."""
     moto = AtomicMotoServer().start()
     keys = TaskKeys(workdir)
     gateway = checkpoint_function(moto.endpoint, keys)
-    servers = [
-        links.Nginx(workdir / "archives", workdir, limit_rate=rate, home=f"nginx-{index}")
-        for index, rate in enumerate(rates)
-    ]
+    results: list[Result] = []
     try:
-        for server in servers:
-            server.start()
         dynamodb = boto3.client("dynamodb", endpoint_url=moto.endpoint, region_name=REGION)
         create_table(dynamodb, TABLE, load_template())
         table = boto3.resource("dynamodb", endpoint_url=moto.endpoint, region_name=REGION)
         slots = itertools.count(1)
-        benches = [
-            Bench(
-                workdir=workdir,
-                nginx=server,
-                endpoint=moto.endpoint,
-                checkpoint_url=gateway.url,
-                lifecycle=Lifecycle(table.Table(TABLE)),
-                snapshots=SnapshotStore(table.Table(TABLE)),
-                environment=_environment(workdir),
-                keys=keys,
-                slots=slots,
-            )
-            for server in servers
-        ]
-        for case in inputs:  # the records the task reads its archives' sizes and sha256 from
-            benches[0].record(case)
-        console.print(
-            f"disk: {benches[0].disks.description}; links: {[rate_label(r) for r in rates]}; "
-            "warming up: one untimed run of each (imports, page cache)"
-        )
-        benches[0].ours(inputs[0])
-        for baseline in BASELINES:
-            benches[0].baseline(inputs[0], baseline)
-        cells = [
-            (bench, rate, case)
-            for bench, rate in zip(benches, rates, strict=True)
-            for case in inputs
-        ]
-        orders = rotations(METHODS)
-        results: list[Result] = []
-        deadline = time.monotonic() + budget
-        for position, (bench, rate, case) in enumerate(cells):
-            result = Result(case, rate)
-            started = time.monotonic()
-            for index in range(max(rounds, MIN_ROUNDS)):
-                if index >= MIN_ROUNDS:
-                    share = (deadline - started) / (len(cells) - position)
-                    spent = time.monotonic() - started
-                    if spent + spent / index > share:  # another round would overrun
-                        break
-                result.orders.append(orders[index % len(orders)])
-                for method in result.orders[-1]:
-                    if method == "ours":
-                        result.ours.append(bench.ours(case))
-                    else:
-                        result.baselines[method].append(bench.baseline(case, method))
-                ours = result.ours[-1]
+        recorded = False
+        for spec in specs:
+            home = f"nginx-{spec.name}"
+            with links.served(spec, workdir / "archives", workdir, home=home) as server:
+                benches = [
+                    Bench(
+                        workdir=workdir,
+                        nginx=server,
+                        endpoint=moto.endpoint,
+                        checkpoint_url=gateway.url,
+                        lifecycle=Lifecycle(table.Table(TABLE)),
+                        snapshots=SnapshotStore(table.Table(TABLE)),
+                        environment=_environment(workdir),
+                        keys=keys,
+                        shape=shape,
+                        slots=slots,
+                    )
+                    for shape in shapes
+                ]
+                if not recorded:  # the records the task reads its archives' sizes and sha256 from
+                    for case in inputs:
+                        benches[0].record(case)
+                    recorded = True
                 console.print(
-                    f"  {rate_label(rate)}, {case.label} #{index + 1}: curl "
-                    f"{result.baselines['curl'][-1].total_s:.2f} s, aria2c "
-                    f"{result.baselines['aria2c'][-1].total_s:.2f} s, {ARIA2C_AS_OURS} "
-                    f"{result.baselines[ARIA2C_AS_OURS][-1].total_s:.2f} s, "
-                    f"ours {ours.process_s:.2f} s"
-                    f" (restore {ours.restore_s:.2f} s) {ours.steps_ms}"
+                    f"{spec.label}: warming up (one untimed run of each, the smallest size)"
                 )
-            results.append(result)
+                smallest = min(inputs, key=lambda case: case.size)
+                benches[-1].ours(smallest)
+                benches[-1].strongest(smallest)
+                for bench in benches:
+                    for case in inputs:
+                        results.append(
+                            measure_cell(
+                                console, bench, spec=spec, case=case, rounds=rounds, rng=rng
+                            )
+                        )
         return results
     finally:
         gateway.stop()
-        for server in servers:
-            server.stop()
         moto.stop()
         shutil.rmtree(workdir / "archives" / BUCKET, ignore_errors=True)  # links only
+
+
+def measure_cell(
+    console: Console,
+    bench: Bench,
+    *,
+    spec: links.LinkSpec,
+    case: Input,
+    rounds: int,
+    rng: random.Random,
+) -> Result:
+    result = Result(case, spec, bench.shape.label)
+    for index in range(rounds):
+        result.orders.append(links.shuffled(METHODS, rng))
+        for method in result.orders[-1]:
+            if method == "ours":
+                result.ours.append(bench.ours(case))
+            elif method == STRONGEST:
+                result.baselines[method].append(bench.strongest(case))
+            elif method == FLOOR:
+                result.baselines[method].append(bench.floor(case))
+            else:
+                result.baselines[method].append(bench.baseline(case, method))
+        ours = result.ours[-1]
+        others = ", ".join(
+            f"{method} {result.baselines[method][-1].total_s:.2f} s"
+            for method in (*BASELINES, FLOOR)
+        )
+        console.print(
+            f"  {result.where} #{index + 1}: ours {ours.process_s:.2f} s (restore "
+            f"{ours.restore_s:.2f} s, CPU {ours.cpu_s:.2f} s), {others}"
+        )
+    return result
 
 
 if __name__ == "__main__":

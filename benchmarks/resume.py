@@ -1,42 +1,70 @@
-"""The resume benchmark (`make bench`): time to a usable slot, resumed from its checkpoint
-or seeded afresh, both against `curl -o` + `openssl dgst -sha256` + `unsquashfs` + `git checkout`.
+"""The resume benchmark (`make bench`): the slot task resuming a parked slot vs its baseline.
 
-The snapshot is the restore benchmark's (its generator and cached archives: a repository
-with history and a node_modules-like deps tree restored inside it). Once per size, untimed,
-the real slot task seeds it and the checkout it leaves (the deps tree in it) is captured
-as the supervisor captures it (`capture.capture`: mksquashfs zstd level 3, the config
-scrubbed): that file is the parked slot's checkpoint object. Then, in rounds whose order
-rotates (each method first in turn; every order in six rounds), each on a fresh journaled
-ext4 (a loop-mounted image made per run, as a Fargate task's disk is fresh and journaled;
-see LOCAL-AWS-NOTES):
+The real slot task restores a parked slot from its checkpoint object; its baseline is a
+shell script doing the resume's work and nothing more.
+
+The checkpoint: the snapshot is the restore benchmark's (its generator and cached
+archives: a repository with history and a node_modules-like deps tree restored inside it).
+Once per size, untimed, the real slot task seeds it and the checkout it leaves (the deps
+tree in it) is captured as the supervisor captures it (`capture.capture`: mksquashfs zstd
+level 3, the config scrubbed): that one squashfs is the parked slot's checkpoint object,
+served from the page cache.
+
+Cells: every link of `links.LINKS` (`--links`: a 50 MiB/s cap per connection over HTTP; a
+1 Gbit/s cap on the sum with 30 ms of round trip over HTTPS, the certificate trusted by
+every client; unlimited loopback) at every CPU shape (`--cpus`: 1 and 2 vCPU, each a CFS
+quota on a cgroup of its own), for every size. Each cell runs `--rounds` rounds (at least
+5) of the four methods below, each round's order drawn at random (`links.shuffled`,
+`random.Random(--seed)`) and recorded; one untimed run of each per link comes first (at the
+smallest size). Every run writes into a fresh journaled ext4 of its own (a loop-mounted
+image made for it, as a Fargate task's disk is fresh; see LOCAL-AWS-NOTES), the disk synced
+before it. Every timed command runs inside the cell's CPU shape (`CpuShape.wrap`: it and
+all it starts); nginx, moto and the checkpoint function (served in this process) stay
+outside, as R2 and AWS's side are not the task's.
 
 - resume: a record made parked through the store's own transitions (birth, the seed's
   settle, the sweep's checkpoint request, the freeze, the checkpoint recorded, the park
   fence, the park), then `RESUME` applied as the seed function applies it and the new
   incarnation recorded; the real slot task (`python -m seedkeeper_task`) restores it. As
   in a deployment its plan carries no URL: it starts at the real checkpoint function
-  (served in this process by the local function-URL gateway, `POST /tasks/start` signed
-  with the task's keys), which answers a presigned GET of the record's checkpoint key,
-  served by nginx (path-style, `/<bucket>/<key>`, a link to the checkpoint object). Timed
-  from its spawn to its settled record (the start call included, part of what a task
-  costs; its sandbox command, which starts once settled, writes the time), checked
-  `seeded` with `result.resumed`.
-- seed: the same tree seeded afresh by the real task from the snapshot's archives (its
-  start granted presigned GETs of them), as the restore benchmark starts it.
-- baseline: the restore benchmark's curl baseline: `curl -o` of the snapshot's archives,
-  `openssl dgst -sha256` of them, `unsquashfs` with the task's own flags (its caches bounded as the
-  task bounds them) of each where the task puts it, `git checkout -B`.
+  (`POST /tasks/start`, signed with the task's keys), which answers a presigned GET of the
+  record's checkpoint key on the link's nginx (path-style, `/<bucket>/<key>`). The task
+  downloads it in `download_parts` (8) ranges at once, hashing as it comes, checks its
+  listing, extracts it (`unsquashfs`, staged, its tree checked, renamed into place),
+  hardens `.git`, writes its marker and settles. Timed from its spawn to its settled record
+  (interpreter start, imports and the start call included: the sandbox command, which
+  starts once settled, writes the time), and as the task records its restore (`result.ms`,
+  `result.steps`); its CPU seconds (user + system, the task and its children, until it
+  exits) and peak RSS (VmHWM, as its sandbox command reads it). Checked `seeded` with
+  `result.resumed`, HEAD the snapshot's and every worktree entry back.
+- baseline: the strongest shell for the same work, one bash script inside the shape:
+  `aria2c --no-conf -q -x8 -s8 -k1M --file-allocation=none` of the checkpoint object (as
+  many connections as the task opens), `openssl dgst -sha256` of it (the digest compared
+  with the object's; OpenSSL uses the CPU's SHA extensions as the task's hashlib does), and
+  `unsquashfs` with the task's own flags (`UNSQUASHFS_COMMAND`: its bounded caches) into
+  the checkout's path. No git: the resume checks nothing out either. Timed whole from spawn
+  to reap; each step's wall time and its processes' CPU seconds from the script's own
+  marks (`$EPOCHREALTIME` and bash's `times`, neither of which starts a process).
+- seed: the same slot seeded afresh by the real task from the snapshot's two archives (its
+  start granted presigned GETs of them), as the restore benchmark starts it: what a resume
+  saves over a new seed.
+- floor: `unsquashfs` (the task's flags) of the checkpoint object alone, from the page
+  cache into a fresh filesystem, inside the shape: the CPU floor. Each cell prints the
+  floor as its median plus the link's floor (`LinkSpec.floor_s` of the checkpoint's size
+  over 8 connections): what no restore that downloads this object over this link, then
+  extracts it, can beat.
 
-Both servers are nginx on loopback, the objects in the page cache: by default with a
-per-connection `limit_rate` standing in for R2 (`--rates`; "none" for unlimited loopback).
-50 MiB/s per connection is our assumption for one HTTPS stream from R2 to a task in an AWS
-region, not a measurement: the task's download takes `download_parts` ranges of each
-archive at once (8 by default), curl one stream, and nothing caps their sum here. Ratios
-are paired (each run against the baseline of its round) and reported as median (min-max).
-It never fails on a figure (exit 1 only when the benchmark itself breaks, such as a resume
-that does not seed). Inputs are cached in the
-work dir (default `$TMPDIR/seedkeeper-bench`, shared with the other benchmarks), figures
-written there as resume-results.json.
+It reports, per cell, medians, paired ratios (each run against the same round's run of the
+other method) as median (min-max): resume / baseline, resume / seed, resume / floor and
+baseline / floor; where the time goes (the task's steps and its process beside the
+script's); CPU seconds; peak RSS; and the target of issue 31, resume <= 0.9x its baseline,
+as met or NOT met. Where it is not met, it says the time of each side step by step, and
+whether 0.9x the baseline lies below the floor or below the resume's own CPU seconds
+spread over its vCPUs (then no restore of this object that downloads, then extracts,
+meets it, or none without spending less CPU). It never fails on a figure (exit 1 only when
+the benchmark itself breaks, such as a resume that does not seed). Inputs are cached in
+the work dir (default `$TMPDIR/seedkeeper-bench`, shared with the other benchmarks); every
+run, each cell's orders and the seed are written there as resume-results.json.
 """
 
 from __future__ import annotations
@@ -46,6 +74,9 @@ import contextlib
 import itertools
 import json
 import os
+import random
+import re
+import shlex
 import shutil
 import statistics
 import sys
@@ -67,6 +98,8 @@ from seedkeeper.domain.record import Checkpoint, SeedSucceeded, SlotRecord
 from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper.store.snapshots import SnapshotStore
 from seedkeeper_task import capture
+from seedkeeper_task.restore.extract import UNSQUASHFS_COMMAND
+from seedkeeper_task.settings import TaskSettings
 from seedkeeper_task.supervisor import CHECKOUT
 from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.local.motoserver import AtomicMotoServer
@@ -80,13 +113,38 @@ else:
 
 MB = restore.MB
 DEFAULT_SIZES = ("300 MB",)
-DEFAULT_PAIRS = 5
+TARGET = 0.9  # issue 31: resume / its baseline, the paired median, in every cell
+RSS_TARGET_MB = 150.0  # issue 31: the task's peak RSS
 CAPTURE_TIMEOUT = 900.0
 RETENTION = 7 * 86_400
-METHODS = ("resume", "seed", "baseline")
-# The orders of the rounds, in turn: each method first once in every three rounds, and
-# every order in six.
-ORDERS = restore.rotations(METHODS)
+RESUME, SEED, BASELINE, FLOOR = "resume", "seed", "baseline", "floor"
+METHODS = (RESUME, SEED, BASELINE, FLOOR)
+# The ranges the task downloads at once (`download_parts`): aria2c's connections, and the
+# link floor's.
+STREAMS: int = TaskSettings.model_fields["download_parts"].default
+ARIA2C = (
+    "aria2c",
+    "--no-conf",
+    "-q",
+    f"-x{STREAMS}",
+    f"-s{STREAMS}",
+    "-k1M",
+    "--file-allocation=none",
+)
+SHA256_COMMAND = ("openssl", "dgst", "-sha256", "-r")  # "<digest> *<file>"
+DOWNLOADED = "checkpoint.sqsh"  # the baseline's download, on the run's fresh filesystem
+# The commands every run needs, and the Debian packages holding them.
+TOOLS = {
+    "git": "git",
+    "mksquashfs": "squashfs-tools",
+    "unsquashfs": "squashfs-tools",
+    "openssl": "openssl",
+    "aria2c": "aria2",
+    "nginx": "nginx",
+    "mkfs.ext4": "e2fsprogs",
+    "tc": "iproute2",
+}
+_TIMES = re.compile(r"(\d+)m([0-9.]+)s")
 
 P = TypeVar("P")
 
@@ -98,8 +156,20 @@ P = TypeVar("P")
 class TaskRun:
     process_s: float  # spawn to settled: interpreter start, imports, start call, restore, settle
     restore_s: float  # result.ms: as the task records it
+    exit_s: float  # spawn to reaped (its sandbox command ran, it exited)
     steps_ms: dict[str, int]
     peak_rss_kb: int  # the task's own VmHWM
+    tree_max_rss_kb: int  # its largest process (the task, unsquashfs, find, git)
+    cpu_s: float  # user + system, the task and its children, until it exited
+
+
+@dataclass
+class ShellRun:
+    total_s: float  # spawn to reap, inside the shape
+    steps_s: dict[str, float]  # each step's wall time, from the script's marks
+    steps_cpu_s: dict[str, float]  # each step's processes' user + system
+    cpu_s: float  # user + system of everything it ran, the shell included
+    max_rss_kb: int  # its largest process
 
 
 @dataclass(frozen=True)
@@ -115,10 +185,11 @@ class Parkable:
 
 @dataclass
 class Bench:
-    """The runs of one server (one rate); `restore_bench` starts and checks the task."""
+    """The runs of one cell: a link's server and a CPU shape, both in `restore_bench`,
+    which starts the task inside the shape and checks it."""
 
     restore_bench: restore.Bench
-    rate: str | None
+    link: links.LinkSpec
     disks: restore.Disks
     runs: Path
     parkables: dict[str, Parkable]
@@ -127,6 +198,20 @@ class Bench:
     @property
     def lifecycle(self) -> Lifecycle:
         return self.restore_bench.lifecycle
+
+    @property
+    def shape(self) -> links.CpuShape:
+        return self.restore_bench.shape
+
+    @property
+    def server(self) -> links.Nginx:
+        return self.restore_bench.nginx
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """The shell's: the task's own, trusting the link, in the C locale (`$EPOCHREALTIME`
+        and `times` print a decimal point)."""
+        return self.restore_bench.environment | self.server.client_environment() | {"LC_ALL": "C"}
 
     @contextlib.contextmanager
     def fresh(self, case: restore.Input, name: str) -> Iterator[tuple[Path, Path]]:
@@ -140,13 +225,13 @@ class Bench:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    def slot(self) -> str:
-        return f"resume-{next(self.counter)}"
+    def name(self, method: str) -> str:
+        return f"{method}-{next(self.counter)}"
 
     def park(self, case: restore.Input, served: Path) -> Parkable:
         """Untimed: seed `case` with the real task, capture its checkout as the supervisor
-        does, into `served` (the served folder); it is also the task's warm-up."""
-        slot = self.slot()
+        does, into `served` (the served folder)."""
+        slot = self.name(RESUME)
         with self.fresh(case, slot) as (root, folder):
             workspace = root / "workspace"
             self._seed(case, slot, workspace, folder)
@@ -170,12 +255,12 @@ class Bench:
         return _task_run(timed, bench.seeded(slot, case, timed, workspace, folder), folder, slot)
 
     def seed(self, case: restore.Input) -> TaskRun:
-        slot = self.slot()
+        slot = self.name(SEED)
         with self.fresh(case, slot) as (root, folder):
             return self._seed(case, slot, root / "workspace", folder)
 
     def resume(self, case: restore.Input) -> TaskRun:
-        slot = self.slot()
+        slot = self.name(RESUME)
         parkable = self.parkables[case.label]
         with self.fresh(case, slot) as (root, folder):
             record, op = self.parked_and_resumed(case, slot, parkable)
@@ -183,16 +268,76 @@ class Bench:
             assert record.checkpoint is not None  # parked on it
             bench = self.restore_bench
             # Where the task's start grants it a presigned GET: the record's checkpoint key.
-            restore.serve_object(bench.nginx.root, record.checkpoint.key, parkable.path)
+            restore.serve_object(self.server.root, record.checkpoint.key, parkable.path)
             workspace = root / "workspace"
             timed = bench.task(SlotPlan.of(record, op), record.incarnation, workspace, folder)
             result = bench.seeded(slot, case, timed, workspace, folder, resumed=True)
-            restored = _worktree_entries(workspace / CHECKOUT)
-            if restored != parkable.worktree:
-                raise links.BenchError(
-                    f"{slot}: {restored} worktree entries resumed, {parkable.worktree} parked"
-                )
+            self._check_worktree(slot, workspace / CHECKOUT, parkable)
             return _task_run(timed, result, folder, slot)
+
+    def baseline(self, case: restore.Input) -> ShellRun:
+        """aria2c of the checkpoint object, `openssl dgst -sha256` (the digest compared),
+        `unsquashfs` with the task's flags into the checkout's path: one bash script inside
+        the shape, each step marked."""
+        name = self.name(BASELINE)
+        parkable = self.parkables[case.label]
+        with self.fresh(case, name) as (root, folder):
+            checkout = root / "workspace" / CHECKOUT
+            checkout.parent.mkdir()  # as the task's workspace is there before it starts
+            downloaded = root / DOWNLOADED
+            marks = shlex.quote(str(folder / "marks"))
+            fetch = [*ARIA2C, *self.server.aria2c_options(), "-d", str(root), "-o", DOWNLOADED]
+            script = f"""set -eu
+mark() {{ echo "mark $1 $EPOCHREALTIME" >> {marks}; times >> {marks}; }}
+mark start
+{shlex.join([*fetch, self.server.url(parkable.path)])}
+mark aria2c
+digest=$({shlex.join([*SHA256_COMMAND, str(downloaded)])})
+[ "${{digest%% *}}" = {parkable.sha256} ] || {{ echo "wrong digest: $digest" >&2; exit 1; }}
+mark sha256
+{shlex.join([*UNSQUASHFS_COMMAND, "-d", str(checkout), str(downloaded)])}
+mark unsquashfs
+"""
+            timed = self._timed(BASELINE, ["bash", "-c", script], folder)
+            steps, cpu = _marked(folder / "marks")
+            self._check_worktree(name, checkout, parkable)
+        return ShellRun(timed.seconds, steps, cpu, timed.cpu_s, timed.max_rss_kb)
+
+    def floor(self, case: restore.Input) -> ShellRun:
+        """`unsquashfs` (the task's flags) of the checkpoint object alone, from the page
+        cache, inside the shape: the CPU floor."""
+        name = self.name(FLOOR)
+        parkable = self.parkables[case.label]
+        with self.fresh(case, name) as (root, folder):
+            argv = [*UNSQUASHFS_COMMAND, "-d", str(root / CHECKOUT), str(parkable.path)]
+            timed = self._timed(FLOOR, argv, folder)
+        return ShellRun(
+            total_s=timed.seconds,
+            steps_s={"unsquashfs": timed.seconds},
+            steps_cpu_s={"unsquashfs": timed.cpu_s},
+            cpu_s=timed.cpu_s,
+            max_rss_kb=timed.max_rss_kb,
+        )
+
+    def _timed(self, name: str, argv: Sequence[str], folder: Path) -> restore.Timed:
+        """One timed command inside the cell's shape, trusting the link; its output in
+        `folder`/<name>.log, a failure raised with its tail."""
+        log = folder / f"{name}.log"
+        _settle_disk()
+        with log.open("wb") as output:
+            timed = restore.timed_run(self.shape.wrap(argv), env=self.environment, log=output)
+        if timed.code != 0:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise links.BenchError(f"{name} exited {timed.code}:\n{tail}")
+        return timed
+
+    @staticmethod
+    def _check_worktree(name: str, checkout: Path, parkable: Parkable) -> None:
+        restored = _worktree_entries(checkout)
+        if restored != parkable.worktree:
+            raise links.BenchError(
+                f"{name}: {restored} worktree entries restored, {parkable.worktree} parked"
+            )
 
     def parked_and_resumed(
         self, case: restore.Input, slot: str, parkable: Parkable
@@ -254,13 +399,32 @@ class Bench:
             raise links.BenchError(f"{name} was not written: {outcome}")
         return outcome
 
-    def baseline(self, case: restore.Input) -> restore.BaselineRun:
-        """The restore benchmark's baseline, served by this rate's nginx."""
-        return self.restore_bench.baseline(case)
+
+def _settle_disk() -> None:
+    """Start each timed run with no dirty pages from the one before (untimed)."""
+    os.sync()
+    time.sleep(0.2)
+
+
+def _marked(marks: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """(each step's wall seconds, its processes' CPU seconds) from the script's marks: per
+    mark a line `mark <step> <$EPOCHREALTIME>`, then bash's `times` (the shell's own user
+    and system time, then those of its waited-for children, so far)."""
+    lines = marks.read_text().splitlines()
+    points: list[tuple[str, float, float]] = []
+    for at in range(0, len(lines) - 2, 3):
+        name, when = lines[at].removeprefix("mark ").rsplit(" ", 1)
+        children = sum(
+            int(minutes) * 60 + float(seconds) for minutes, seconds in _TIMES.findall(lines[at + 2])
+        )
+        points.append((name, float(when), children))
+    steps = {name: when - before for (_, before, _), (name, when, _) in itertools.pairwise(points)}
+    cpu = {name: used - before for (_, _, before), (name, _, used) in itertools.pairwise(points)}
+    return steps, cpu
 
 
 def _worktree_entries(checkout: Path) -> int:
-    """Files, links and folders outside .git: a resume that seeds with fewer is broken."""
+    """Files, links and folders outside .git: a restore with fewer is broken."""
     count = 0
     for folder, directories, names in os.walk(checkout):
         if folder == str(checkout):
@@ -273,178 +437,388 @@ def _task_run(timed: restore.Timed, result: SeedSucceeded, folder: Path, slot: s
     return TaskRun(
         process_s=restore.ready_s(timed, folder, slot),
         restore_s=result.ms / 1000,
+        exit_s=timed.seconds,
         steps_ms=dict(result.steps),
         peak_rss_kb=restore.peak_rss_kb(folder, slot),
+        tree_max_rss_kb=timed.max_rss_kb,
+        cpu_s=timed.cpu_s,
     )
 
 
 # -- the report -----------------------------------------------------------------------------
 
 
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
 @dataclass
 class Result:
+    """One cell (a link, a CPU shape, a size): its rounds."""
+
     case: restore.Input
-    rate: str | None
+    link: links.LinkSpec
+    cpus: int  # the CPU shape's vCPUs
+    cpu_shape: str  # its description, as it was while measured
     parkable: Parkable
     resume: list[TaskRun] = field(default_factory=list)
     seed: list[TaskRun] = field(default_factory=list)
-    baseline: list[restore.BaselineRun] = field(default_factory=list)
+    baseline: list[ShellRun] = field(default_factory=list)
+    floor: list[ShellRun] = field(default_factory=list)
+    orders: list[tuple[str, ...]] = field(default_factory=list)  # each round's
 
-    def ratios(self, runs: list[TaskRun], measure: Callable[[TaskRun], float]) -> list[float]:
-        """Each run against the baseline run of its round: their spread shows the noise."""
-        return [measure(run) / base.total_s for run, base in zip(runs, self.baseline, strict=True)]
+    @property
+    def where(self) -> str:
+        return f"{self.link.name}, {self.cpus} vCPU, {self.case.label}"
 
-    def resume_to_seed(self) -> list[float]:
+    @property
+    def rounds(self) -> int:
+        return len(self.orders)
+
+    @property
+    def link_floor_s(self) -> float:
+        """The least time this link delivers the checkpoint object over the task's streams."""
+        return self.link.floor_s([self.parkable.size], STREAMS)
+
+    def floors(self) -> list[float]:
+        """Each round's floor: its unsquashfs alone, plus the link's floor."""
+        return [run.total_s + self.link_floor_s for run in self.floor]
+
+    def resume_to(self, method: str) -> list[float]:
+        """Each resume (its whole process) against `method`'s run of its round: their
+        spread shows the noise."""
+        others: dict[str, list[float]] = {
+            SEED: [run.process_s for run in self.seed],
+            BASELINE: [run.total_s for run in self.baseline],
+            FLOOR: self.floors(),
+        }
         return [
-            resumed.process_s / seeded.process_s
-            for resumed, seeded in zip(self.resume, self.seed, strict=True)
+            run.process_s / other for run, other in zip(self.resume, others[method], strict=True)
         ]
 
-    def steps(self, runs: list[TaskRun]) -> dict[str, float]:
+    def baseline_to_floor(self) -> list[float]:
+        return [
+            run.total_s / floor for run, floor in zip(self.baseline, self.floors(), strict=True)
+        ]
+
+    def resume_steps(self) -> dict[str, float]:
         """The task's steps (medians, s), what else its restore did, and its process's
         own cost around it."""
-        names = sorted({name for run in runs for name in run.steps_ms})
+        names = sorted({name for run in self.resume for name in run.steps_ms})
         medians = {
-            name: statistics.median(run.steps_ms.get(name, 0) for run in runs) / 1000
+            name: _median([run.steps_ms.get(name, 0) for run in self.resume]) / 1000
             for name in names
         }
-        medians["other (preflight, cleanup)"] = statistics.median(
-            run.restore_s - sum(run.steps_ms.values()) / 1000 for run in runs
+        medians["other (preflight, cleanup)"] = _median(
+            [run.restore_s - sum(run.steps_ms.values()) / 1000 for run in self.resume]
         )
-        medians["process (interpreter, imports, start call, settle)"] = statistics.median(
-            run.process_s - run.restore_s for run in runs
+        medians["process (interpreter, imports, start call, settle)"] = _median(
+            [run.process_s - run.restore_s for run in self.resume]
         )
         return medians
 
-    def summary(self) -> dict[str, Any]:
-        def median(values: Sequence[float]) -> float:
-            return statistics.median(values)
+    @staticmethod
+    def shell_steps(runs: list[ShellRun]) -> dict[str, tuple[float, float]]:
+        """(wall, CPU) medians per step, and the shell's own share (its start, its marks)."""
+        steps = {
+            name: (
+                _median([run.steps_s[name] for run in runs]),
+                _median([run.steps_cpu_s[name] for run in runs]),
+            )
+            for name in runs[0].steps_s
+        }
+        steps["shell (start, cgroup, marks)"] = (
+            _median([run.total_s - sum(run.steps_s.values()) for run in runs]),
+            _median([run.cpu_s - sum(run.steps_cpu_s.values()) for run in runs]),
+        )
+        return steps
 
+    def summary(self) -> dict[str, Any]:
         return {
+            "link": self.link.name,
+            "link_label": self.link.label,
+            "vcpus": self.cpus,
+            "cpu_shape": self.cpu_shape,
             "size": self.case.label,
             "files": self.case.files,
-            "archive_entries": self.case.entries,
-            "raw_mb": self.case.raw_bytes / MB,
-            "snapshot_archive_mb": self.case.size / MB,
+            "snapshot_archives_mb": self.case.size / MB,
             "checkpoint_mb": self.parkable.size / MB,
-            "server": restore.rate_label(self.rate),
-            "pairs": len(self.baseline),
-            "median_baseline_s": median([run.total_s for run in self.baseline]),
-            "median_seed_process_s": median([run.process_s for run in self.seed]),
-            "median_resume_process_s": median([run.process_s for run in self.resume]),
-            "median_seed_restore_s": median([run.restore_s for run in self.seed]),
-            "median_resume_restore_s": median([run.restore_s for run in self.resume]),
-            "paired_ratios_resume": self.ratios(self.resume, lambda run: run.process_s),
-            "paired_ratios_seed": self.ratios(self.seed, lambda run: run.process_s),
-            "paired_ratios_resume_restore": self.ratios(self.resume, lambda run: run.restore_s),
-            "paired_ratios_seed_restore": self.ratios(self.seed, lambda run: run.restore_s),
-            "paired_ratios_resume_to_seed": self.resume_to_seed(),
-            "resume_steps_median_s": self.steps(self.resume),
-            "seed_steps_median_s": self.steps(self.seed),
+            "rounds": self.rounds,
+            "orders": self.orders,
+            "median_s": {
+                RESUME: _median([run.process_s for run in self.resume]),
+                "resume_restore": _median([run.restore_s for run in self.resume]),
+                SEED: _median([run.process_s for run in self.seed]),
+                BASELINE: _median([run.total_s for run in self.baseline]),
+                "cpu_floor": _median([run.total_s for run in self.floor]),
+            },
+            "link_floor_s": self.link_floor_s,
+            "floor_s": _median(self.floors()),
+            "median_cpu_s": {
+                RESUME: _median([run.cpu_s for run in self.resume]),
+                SEED: _median([run.cpu_s for run in self.seed]),
+                BASELINE: _median([run.cpu_s for run in self.baseline]),
+                FLOOR: _median([run.cpu_s for run in self.floor]),
+            },
+            "paired": {
+                "resume_to_baseline": self.resume_to(BASELINE),
+                "resume_to_seed": self.resume_to(SEED),
+                "resume_to_floor": self.resume_to(FLOOR),
+                "baseline_to_floor": self.baseline_to_floor(),
+                "resume_restore_to_baseline": [
+                    run.restore_s / base.total_s
+                    for run, base in zip(self.resume, self.baseline, strict=True)
+                ],
+            },
+            "target": {"resume_to_baseline_at_most": TARGET, "met": self.met},
+            "resume_steps_median_s": self.resume_steps(),
+            "seed_steps_median_s": {
+                name: _median([run.steps_ms.get(name, 0) for run in self.seed]) / 1000
+                for name in sorted({name for run in self.seed for name in run.steps_ms})
+            },
             "baseline_steps_median_s": {
-                name: median([run.steps_s[name] for run in self.baseline])
-                for name in self.baseline[0].steps_s
+                name: {"wall": wall, "cpu": cpu}
+                for name, (wall, cpu) in self.shell_steps(self.baseline).items()
             },
             "peak_rss_mb": {
-                "resume": max(run.peak_rss_kb for run in self.resume) * 1024 / MB,
-                "seed": max(run.peak_rss_kb for run in self.seed) * 1024 / MB,
+                RESUME: max(run.peak_rss_kb for run in self.resume) * 1024 / MB,
+                "resume_largest_process": max(run.tree_max_rss_kb for run in self.resume)
+                * 1024
+                / MB,
+                SEED: max(run.peak_rss_kb for run in self.seed) * 1024 / MB,
+                BASELINE: max(run.max_rss_kb for run in self.baseline) * 1024 / MB,
+                FLOOR: max(run.max_rss_kb for run in self.floor) * 1024 / MB,
             },
             "runs": {
-                "resume": [asdict(run) for run in self.resume],
-                "seed": [asdict(run) for run in self.seed],
-                "baseline": [asdict(run) for run in self.baseline],
+                RESUME: [asdict(run) for run in self.resume],
+                SEED: [asdict(run) for run in self.seed],
+                BASELINE: [asdict(run) for run in self.baseline],
+                FLOOR: [asdict(run) for run in self.floor],
             },
         }
 
+    @property
+    def met(self) -> bool:
+        return _median(self.resume_to(BASELINE)) <= TARGET
 
-def report(console: Console, results: list[Result], disks: restore.Disks, workdir: Path) -> None:
-    spread = restore.spread
-    table = Table(
-        title="Time to a usable slot: resume from its checkpoint and a fresh seed vs curl -o "
-        "+ sha256 + unsquashfs + git checkout (whole processes; medians, paired ratios "
-        "as median (min-max))"
-    )
-    for column in (
-        "size",
-        "files",
-        "server",
-        "snapshot / checkpoint MB",
-        "pairs",
-        "baseline s",
-        "seed s",
-        "seed / baseline",
-        "resume s",
-        "resume / baseline",
-        "resume / seed",
-    ):
-        table.add_column(column, justify="left" if column in ("size", "server") else "right")
-    for result in results:
-        summary = result.summary()
-        table.add_row(
-            result.case.label,
-            f"{result.case.files:,}",
-            restore.rate_label(result.rate),
-            f"{result.case.size / MB:.1f} / {result.parkable.size / MB:.1f}",
-            str(summary["pairs"]),
-            f"{summary['median_baseline_s']:.2f}",
-            f"{summary['median_seed_process_s']:.2f}",
-            spread(summary["paired_ratios_seed"]),
-            f"{summary['median_resume_process_s']:.2f}",
-            spread(summary["paired_ratios_resume"]),
-            spread(summary["paired_ratios_resume_to_seed"]),
-        )
-    console.print(table)
+    @property
+    def peak_rss_mb(self) -> float:
+        return max(run.peak_rss_kb for run in self.resume) * 1024 / MB
 
-    steps = Table(title="Where the time goes (medians, seconds)")
-    for heading in ("size, server", "resume: step", "s", "seed: step", "s", "baseline: step", "s"):
-        steps.add_column(heading, justify="right" if heading == "s" else "left")
-    for result in results:
-        summary = result.summary()
-        listed: list[list[tuple[str, float]]] = [
-            list(summary[key].items())
-            for key in ("resume_steps_median_s", "seed_steps_median_s", "baseline_steps_median_s")
-        ]
-        rows = max(len(steps_of) for steps_of in listed)
-        for index in range(rows):
-            cells = [
-                f"{result.case.label}, {restore.rate_label(result.rate)}" if index == 0 else ""
-            ]
-            for steps_of in listed:
-                step, seconds = steps_of[index] if index < len(steps_of) else ("", None)
-                cells += [step, "" if seconds is None else f"{seconds:.2f}"]
-            steps.add_row(*cells, end_section=index == rows - 1)
-    console.print(steps)
-    for result in results:
-        summary = result.summary()
-        where = f"{result.case.label}, {restore.rate_label(result.rate)}"
-        console.print(
-            f"[dim]{where}: inside the task (result.ms) "
-            f"resume/baseline {spread(summary['paired_ratios_resume_restore'])}, "
-            f"seed/baseline {spread(summary['paired_ratios_seed_restore'])}; the task's peak "
-            f"RSS {summary['peak_rss_mb']['resume']:.1f} MB resuming, "
-            f"{summary['peak_rss_mb']['seed']:.1f} MB seeding[/dim]"
-        )
+
+def report(
+    console: Console,
+    results: list[Result],
+    disks: restore.Disks,
+    workdir: Path,
+    *,
+    seed: int,
+) -> None:
+    console.print(_results_table(results))
+    console.print(_steps_table(results))
     console.print(
-        f"[dim]disk: {disks.description}; nginx on loopback, the objects in the page cache; "
-        f"the task downloads {restore.TASK_PARTS} ranges of each archive at once, curl one "
-        "stream; no cap on their sum.[/dim]"
+        f"[dim]resume: the slot task's whole process (spawn to settled record); its steps are "
+        "its own (result.steps, inside result.ms), and its downloads start with the process, "
+        "so 'download' is what was left to wait for once its restore began. baseline: "
+        f"{' '.join(ARIA2C)} + openssl dgst -sha256 + unsquashfs (the task's flags), one "
+        "bash script. floor: unsquashfs of the checkpoint alone from the page cache, plus "
+        f"the link's floor for the checkpoint over {STREAMS} connections. Every timed "
+        f"command inside the cell's CPU shape; disk: {disks.description}.[/dim]"
     )
+    _targets(console, results)
     figures = workdir / "resume-results.json"
     figures.write_text(
         json.dumps(
             {
+                "seed": seed,
                 "cpus": os.cpu_count(),
                 "disk": disks.description,
-                "unsquashfs": restore._version(["unsquashfs", "-version"]),
-                "mksquashfs": restore._version(["mksquashfs", "-version"]),
-                "git": restore._version(["git", "--version"]),
-                "curl": restore._version(["curl", "--version"]),
+                "links": {
+                    name: spec.label
+                    for name, spec in links.LINKS.items()
+                    if any(result.link.name == name for result in results)
+                },
+                "cpu_shapes": sorted({result.cpu_shape for result in results}),
+                "task_download_parts": STREAMS,
+                "baseline": {
+                    "download": list(ARIA2C),
+                    "verify": list(SHA256_COMMAND),
+                    "extract": list(UNSQUASHFS_COMMAND),
+                },
+                "versions": {
+                    tool: restore._version([tool, flag])
+                    for tool, flag in (
+                        ("unsquashfs", "-version"),
+                        ("mksquashfs", "-version"),
+                        ("aria2c", "--version"),
+                        ("openssl", "version"),
+                        ("nginx", "-v"),
+                    )
+                },
+                "target": {"resume_to_baseline_at_most": TARGET},
                 "results": [result.summary() for result in results],
             },
             indent=2,
         )
     )
     console.print(f"figures: {figures}")
+
+
+def _results_table(results: list[Result]) -> Table:
+    spread = restore.spread
+    table = Table(
+        title="Resume: the slot task resuming a parked slot vs aria2c -x8 + sha256 + "
+        "unsquashfs of its checkpoint (its baseline), a fresh seed and the floor "
+        "(medians in s; paired ratios as median (min-max))"
+    )
+    for column in (
+        "link",
+        "vCPU",
+        "size",
+        "ckpt MB",
+        "rounds",
+        "resume",
+        "baseline",
+        "seed",
+        "floor",
+        "resume / baseline",
+        "resume / seed",
+        "resume / floor",
+        "baseline / floor",
+        "CPU s resume / baseline",
+        "peak RSS MB",
+    ):
+        left = column in ("link", "size")
+        table.add_column(column, justify="left" if left else "right", no_wrap=left)
+    for result in results:
+        summary = result.summary()
+        medians, cpu, paired = summary["median_s"], summary["median_cpu_s"], summary["paired"]
+        table.add_row(
+            result.link.name,
+            str(result.cpus),
+            result.case.label,
+            f"{result.parkable.size / MB:.1f}",
+            str(result.rounds),
+            f"{medians[RESUME]:.2f}",
+            f"{medians[BASELINE]:.2f}",
+            f"{medians[SEED]:.2f}",
+            f"{summary['floor_s']:.2f}",
+            spread(paired["resume_to_baseline"]),
+            spread(paired["resume_to_seed"]),
+            spread(paired["resume_to_floor"]),
+            spread(paired["baseline_to_floor"]),
+            f"{cpu[RESUME]:.2f} / {cpu[BASELINE]:.2f}",
+            f"{result.peak_rss_mb:.1f}",
+        )
+    return table
+
+
+def _steps_table(results: list[Result]) -> Table:
+    steps = Table(title="Where the time goes (medians, seconds)")
+    for heading in (
+        "cell",
+        "resume: step",
+        "s",
+        "baseline: step",
+        "s",
+        "CPU s",
+        "floor",
+        "s",
+    ):
+        steps.add_column(heading, justify="left" if heading.endswith(("cell", "step")) else "right")
+    for result in results:
+        resume: list[tuple[str, str]] = [
+            (name, f"{seconds:.2f}") for name, seconds in result.resume_steps().items()
+        ]
+        resume.append(
+            ("CPU (task + children)", f"{_median([run.cpu_s for run in result.resume]):.2f}")
+        )
+        baseline: list[tuple[str, str, str]] = [
+            (name, f"{wall:.2f}", f"{cpu:.2f}")
+            for name, (wall, cpu) in result.shell_steps(result.baseline).items()
+        ]
+        baseline.append(
+            (
+                "whole",
+                f"{_median([run.total_s for run in result.baseline]):.2f}",
+                f"{_median([run.cpu_s for run in result.baseline]):.2f}",
+            )
+        )
+        cpu_floor = _median([run.total_s for run in result.floor])
+        floor_cpu = _median([run.cpu_s for run in result.floor])
+        floor = [
+            (f"unsquashfs alone (CPU {floor_cpu:.2f} s)", f"{cpu_floor:.2f}"),
+            (f"link, {STREAMS} connections", f"{result.link_floor_s:.2f}"),
+            ("floor", f"{cpu_floor + result.link_floor_s:.2f}"),
+        ]
+        rows = max(len(resume), len(baseline), len(floor))
+        for index in range(rows):
+            cells = [result.where if index == 0 else ""]
+            cells += resume[index] if index < len(resume) else ("", "")
+            cells += baseline[index] if index < len(baseline) else ("", "", "")
+            cells += floor[index] if index < len(floor) else ("", "")
+            steps.add_row(*cells, end_section=index == rows - 1)
+    return steps
+
+
+def _targets(console: Console, results: list[Result]) -> None:
+    console.print(
+        f"[bold]Target[/bold] (issue 31): resume <= {TARGET}x its baseline, the paired "
+        "median of the whole task process, in every cell"
+    )
+    for result in results:
+        paired = result.resume_to(BASELINE)
+        _verdict(
+            console,
+            result.met,
+            f"{result.where}: resume / baseline {restore.spread(paired)}, target <= {TARGET}",
+        )
+        if not result.met:
+            console.print(f"            {_where_the_time_goes(result)}")
+    peaks: dict[str, float] = {}
+    for result in results:
+        peaks[result.case.label] = max(peaks.get(result.case.label, 0.0), result.peak_rss_mb)
+    for label, peak in peaks.items():
+        _verdict(
+            console,
+            peak <= RSS_TARGET_MB,
+            f"{label}: the resuming task's peak RSS {peak:.1f} MB, target <= "
+            f"{RSS_TARGET_MB:.0f} MB",
+        )
+
+
+def _where_the_time_goes(result: Result) -> str:
+    """Both sides, step by step, and what the resume would have to take."""
+    resume = " + ".join(
+        f"{name.split(' (')[0]} {seconds:.2f}" for name, seconds in result.resume_steps().items()
+    )
+    shell = result.shell_steps(result.baseline)
+    baseline = " + ".join(f"{name.split(' (')[0]} {wall:.2f}" for name, (wall, _) in shell.items())
+    resumed = _median([run.process_s for run in result.resume])
+    base = _median([run.total_s for run in result.baseline])
+    cpu_floor = _median([run.total_s for run in result.floor])
+    floor = cpu_floor + result.link_floor_s
+    resume_cpu = _median([run.cpu_s for run in result.resume])
+    notes = []
+    if TARGET * base < floor:
+        notes.append("below the floor: no restore that downloads this object, then extracts it")
+    if resume_cpu / result.cpus > TARGET * base:
+        notes.append(
+            f"below the resume's own CPU time over {result.cpus} vCPU "
+            f"({resume_cpu / result.cpus:.2f} s): it must spend less CPU first"
+        )
+    return (
+        f"resume {resumed:.2f} s = {resume} (CPU {resume_cpu:.2f} s); baseline {base:.2f} s = "
+        f"{baseline} (CPU {_median([run.cpu_s for run in result.baseline]):.2f} s); "
+        f"{TARGET}x the baseline is {TARGET * base:.2f} s"
+        + "".join(f" ({note})" for note in notes)
+        + f"; the floor {floor:.2f} s ({cpu_floor:.2f} s unsquashfs + "
+        f"{result.link_floor_s:.2f} s link)"
+    )
+
+
+def _verdict(console: Console, met: bool, text: str) -> None:
+    console.print(f"  {'[green]met[/green]    ' if met else '[red]NOT met[/red]'} {text}")
 
 
 # -- main -----------------------------------------------------------------------------------
@@ -461,13 +835,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help='the snapshot\'s size (the restore benchmark\'s): "300 MB", "1 GB", "100 MB" or '
         'any "<N> MB" (its 300 MB trees\' files scaled in count)',
     )
-    restore.add_rates(parser)
-    parser.add_argument(
-        "--pairs",
-        type=int,
-        default=DEFAULT_PAIRS,
-        help="rounds of the three per size and rate, their order rotating",
-    )
+    links.add_cell_options(parser)
     parser.add_argument(
         "--workdir",
         type=Path,
@@ -475,22 +843,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="cached inputs (shared with restore.py), scratch runs, resume-results.json",
     )
     options = parser.parse_args(argv)
-    if options.pairs < 1:
-        parser.error("--pairs must be positive")
-    try:
-        rates = restore.parse_rates(options.rates)
-    except argparse.ArgumentTypeError as wrong:
-        parser.error(str(wrong))
-    console = Console(width=max(Console().width, 140))  # the tables stay readable in a log
-    workdir: Path = options.workdir.resolve()
-    (workdir / "tmp").mkdir(parents=True, exist_ok=True)
-    runs, served = workdir / "resume-runs", workdir / "resume-served"
-    restore.unmount_leftovers(runs)
-    shutil.rmtree(runs, ignore_errors=True)  # a few logs and empty mount points
-    shutil.rmtree(served, ignore_errors=True)  # links to the archives, the checkpoints
-    for tool in ("git", "mksquashfs", "unsquashfs", "curl", "openssl", "mkfs.ext4"):
+    console = Console(width=max(Console().width, 180))  # the tables stay readable in a log
+    for tool, package in TOOLS.items():
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
-            console.print(f"[red]{tool} is not installed[/red]")
+            console.print(f"[red]{tool} is not installed: apt-get install {package}[/red]")
             return 1
     disks = restore.Disks()
     if not disks.loop:
@@ -498,11 +854,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         # its inode allocator, not the restore (LOCAL-AWS-NOTES).
         console.print("[red]needs root, for a loop-mounted ext4 per run[/red]")
         return 1
+    workdir: Path = options.workdir.resolve()
+    (workdir / "tmp").mkdir(parents=True, exist_ok=True)
+    runs, served = workdir / "resume-runs", workdir / "resume-served"
+    restore.unmount_leftovers(runs)
+    shutil.rmtree(runs, ignore_errors=True)  # a few logs and empty mount points
+    shutil.rmtree(served, ignore_errors=True)  # links to the archives, the checkpoints
     os.environ.update(restore.FAKE_AWS)
     try:
         inputs = [restore.build_input(size, workdir, console) for size in options.sizes]
         results = measure_all(
-            console, workdir, inputs, rates=rates, pairs=options.pairs, disks=disks
+            console,
+            workdir,
+            inputs,
+            specs=[links.LINKS[name] for name in options.links],
+            cpus=options.cpus,
+            rounds=options.rounds,
+            rng=random.Random(options.seed),  # noqa: S311 - orders, not secrets
+            disks=disks,
         )
     except links.BenchError as broken:
         console.print(f"[red]the benchmark could not measure:[/red] {broken}")
@@ -511,7 +880,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         restore.unmount_leftovers(runs)
         shutil.rmtree(runs, ignore_errors=True)
         shutil.rmtree(served, ignore_errors=True)
-    report(console, results, disks, workdir)
+    report(console, results, disks, workdir, seed=options.seed)
     return 0  # a report, not a gate
 
 
@@ -520,26 +889,21 @@ def measure_all(
     workdir: Path,
     inputs: list[restore.Input],
     *,
-    rates: list[str | None],
-    pairs: int,
+    specs: list[links.LinkSpec],
+    cpus: Sequence[int],
+    rounds: int,
+    rng: random.Random,
     disks: restore.Disks,
 ) -> list[Result]:
+    """Every cell's rounds: per link (its server up for all its cells), per CPU shape, per
+    size, `rounds` rounds of the four methods in random orders."""
     runs, served = workdir / "resume-runs", workdir / "resume-served"
     served.mkdir(parents=True)
     served.chmod(0o755)  # nginx's workers read it as an unprivileged user
-    # The snapshots' archives beside the checkpoints, in one served root.
-    for archived in (archived for case in inputs for archived in case.archives):
-        os.link(archived.path, served / archived.path.name)
     moto = AtomicMotoServer().start()
     keys = TaskKeys(workdir)
     gateway = restore.checkpoint_function(moto.endpoint, keys)
-    servers = [
-        links.Nginx(served, workdir, limit_rate=rate, home=f"resume-nginx-{index}")
-        for index, rate in enumerate(rates)
-    ]
     try:
-        for server in servers:
-            server.start()
         dynamodb = boto3.client("dynamodb", endpoint_url=moto.endpoint, region_name=restore.REGION)
         create_table(dynamodb, restore.TABLE, load_template())
         table = boto3.resource(
@@ -547,67 +911,102 @@ def measure_all(
         ).Table(restore.TABLE)
         counter = itertools.count(1)
         parkables: dict[str, Parkable] = {}
-        benches = [
-            Bench(
-                restore_bench=restore.Bench(
-                    workdir=workdir,
-                    nginx=server,
-                    endpoint=moto.endpoint,
-                    checkpoint_url=gateway.url,
-                    lifecycle=Lifecycle(table),
-                    snapshots=SnapshotStore(table),
-                    environment=restore._environment(workdir),
-                    keys=keys,
-                ),
-                rate=rate,
-                disks=disks,
-                runs=runs,
-                parkables=parkables,
-                counter=counter,
-            )
-            for server, rate in zip(servers, rates, strict=True)
-        ]
-        first = benches[0]
-        console.print(
-            f"disk: {disks.description}; servers: {[restore.rate_label(r) for r in rates]}"
-        )
-        for case in inputs:
-            first.restore_bench.record(case)
-            console.print(f"{case.label}: seeding and capturing the checkpoint (untimed)")
-            parkables[case.label] = first.park(case, served)
-            console.print(
-                f"  {case.files:,} files, snapshot {case.size / MB:.1f} MB, checkpoint "
-                f"{parkables[case.label].size / MB:.1f} MB"
-            )
-        smallest = min(inputs, key=lambda case: case.size)
-        console.print("warming up: one untimed resume and baseline at the smallest size")
-        first.resume(smallest)
-        first.baseline(smallest)
         results: list[Result] = []
-        for bench in benches:
-            for case in inputs:
-                result = Result(case, bench.rate, parkables[case.label])
-                for index in range(pairs):
-                    for method in ORDERS[index % len(ORDERS)]:
-                        if method == "resume":
-                            result.resume.append(bench.resume(case))
-                        elif method == "seed":
-                            result.seed.append(bench.seed(case))
-                        else:
-                            result.baseline.append(bench.baseline(case))
-                    console.print(
-                        f"  {case.label}, {restore.rate_label(bench.rate)} #{index + 1}: baseline "
-                        f"{result.baseline[-1].total_s:.2f} s, seed "
-                        f"{result.seed[-1].process_s:.2f} s, resume "
-                        f"{result.resume[-1].process_s:.2f} s {result.resume[-1].steps_ms}"
-                    )
-                results.append(result)
+        with links.cpu_shapes(cpus) as shapes:
+            console.print(
+                f"disk: {disks.description}; CPU: {[shape.description for shape in shapes]}"
+            )
+            for spec in specs:
+                with links.served(
+                    spec, served, workdir, home=f"resume-nginx-{spec.name}"
+                ) as server:
+                    cells = [
+                        Bench(
+                            restore_bench=restore.Bench(
+                                workdir=workdir,
+                                nginx=server,
+                                endpoint=moto.endpoint,
+                                checkpoint_url=gateway.url,
+                                lifecycle=Lifecycle(table),
+                                snapshots=SnapshotStore(table),
+                                environment=restore._environment(workdir),
+                                keys=keys,
+                                shape=shape,
+                                disks=disks,
+                            ),
+                            link=spec,
+                            disks=disks,
+                            runs=runs,
+                            parkables=parkables,
+                            counter=counter,
+                        )
+                        for shape in shapes
+                    ]
+                    console.print(f"link {spec.name}: {spec.label}, at {server.endpoint}")
+                    if not parkables:
+                        _park_all(console, cells[0], inputs, served)
+                    smallest = min(inputs, key=lambda case: case.size)
+                    console.print("  warming up: one untimed run of each at the smallest size")
+                    _round(cells[0], smallest, METHODS, None)
+                    for bench in cells:
+                        for case in inputs:
+                            result = Result(
+                                case,
+                                spec,
+                                bench.shape.count,
+                                bench.shape.description,
+                                parkables[case.label],
+                            )
+                            for index in range(rounds):
+                                order = links.shuffled(METHODS, rng)
+                                result.orders.append(order)
+                                _round(bench, case, order, result)
+                                console.print(f"  {result.where} #{index + 1}: {_progress(result)}")
+                            results.append(result)
         return results
     finally:
         gateway.stop()
-        for server in servers:
-            server.stop()
         moto.stop()
+
+
+def _park_all(console: Console, bench: Bench, inputs: list[restore.Input], served: Path) -> None:
+    """Each size's snapshot recorded and served, and its checkpoint object made (untimed)."""
+    for case in inputs:
+        bench.restore_bench.record(case)
+        console.print(f"{case.label}: seeding and capturing the checkpoint (untimed)")
+        bench.parkables[case.label] = bench.park(case, served)
+        console.print(
+            f"  {case.files:,} files, snapshot {case.size / MB:.1f} MB, checkpoint "
+            f"{bench.parkables[case.label].size / MB:.1f} MB"
+        )
+
+
+def _round(bench: Bench, case: restore.Input, order: Sequence[str], result: Result | None) -> None:
+    """One run of each method in `order`, kept in `result` (None: a warm-up)."""
+    runners: dict[str, Callable[[restore.Input], TaskRun | ShellRun]] = {
+        RESUME: bench.resume,
+        SEED: bench.seed,
+        BASELINE: bench.baseline,
+        FLOOR: bench.floor,
+    }
+    for method in order:
+        run = runners[method](case)
+        if result is None:
+            continue
+        if isinstance(run, TaskRun):
+            (result.resume if method == RESUME else result.seed).append(run)
+        else:
+            (result.baseline if method == BASELINE else result.floor).append(run)
+
+
+def _progress(result: Result) -> str:
+    resumed, base = result.resume[-1], result.baseline[-1]
+    return (
+        f"{'/'.join(result.orders[-1])}: resume {resumed.process_s:.2f} s "
+        f"(restore {resumed.restore_s:.2f} s, CPU {resumed.cpu_s:.2f} s) {resumed.steps_ms}, "
+        f"baseline {base.total_s:.2f} s (CPU {base.cpu_s:.2f} s), seed "
+        f"{result.seed[-1].process_s:.2f} s, floor {result.floor[-1].total_s:.2f} s"
+    )
 
 
 if __name__ == "__main__":
