@@ -104,10 +104,10 @@ pr: lint test ## Everything a change must pass before it lands
 # The working-day soak runs SOAK_MINUTES (10: about 13 minutes in all; 1 for a quick look).
 SOAK_MINUTES ?= 10
 
-bench: setup bench-packages docker-packages ## Benchmark the restore, the checkpoint and the resume (nginx on loopback), imports, sweep, API calls, a container seed, the slot image, the time to the first command, a working day on the local stack
-	$(BIN)/python benchmarks/restore.py --sizes "1 GB" "300 MB" --rates 50m none --rounds 5 --budget 780
+bench: setup bench-packages docker-packages ## Benchmark the restore, the checkpoint and the resume (three links, 1 and 2 vCPU), imports, sweep, API calls, a container seed, the slot image, the time to the first command, a working day on the local stack
+	$(BIN)/python benchmarks/restore.py --sizes "1 GB" "300 MB" --rounds 5
 	$(BIN)/python benchmarks/checkpoint.py --sizes 1000 300
-	$(BIN)/python benchmarks/resume.py --sizes "300 MB" --pairs 6 --rates 50m none
+	$(BIN)/python benchmarks/resume.py --sizes "300 MB" --rounds 5
 	$(BIN)/python benchmarks/imports.py
 	$(BIN)/python benchmarks/sweep.py
 	$(BIN)/python benchmarks/calls.py
@@ -116,12 +116,13 @@ bench: setup bench-packages docker-packages ## Benchmark the restore, the checkp
 	$(BIN)/python benchmarks/first_command.py
 	$(BIN)/python benchmarks/soak.py --minutes $(SOAK_MINUTES)
 
-# nginx serves the benchmark's archives on loopback; curl and aria2c are the baselines'
-# downloaders, openssl their sha256; skopeo and docker-registry the image benchmark's push
-# and pull.
+# nginx serves the benchmark's archives; curl and aria2c are the baselines' downloaders,
+# openssl their sha256 and the link's certificate, zstd and tar the checkpoint's baselines;
+# ip and tc (iproute2) make the capped HTTPS link, cc compiles its delay line; skopeo and
+# docker-registry the image benchmark's push and pull.
 .PHONY: bench bench-packages
 bench-packages:
-	$(call apt-packages,nginx:nginx curl:curl aria2c:aria2 openssl:openssl zstd:zstd skopeo:skopeo docker-registry:docker-registry)
+	$(call apt-packages,nginx:nginx curl:curl aria2c:aria2 openssl:openssl zstd:zstd ip:iproute2 tc:iproute2 cc:gcc skopeo:skopeo docker-registry:docker-registry)
 
 clean: ## Remove the virtualenvs, the IAM evaluator's packages and caches
 	rm -rf $(VENV) $(CHECKOV_VENV) $(IAM_NODE)/node_modules .mypy_cache .ruff_cache .pytest_cache

@@ -40,6 +40,7 @@ import contextlib
 import os
 import random
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -489,6 +490,16 @@ def cpu_shapes(counts: Sequence[int]) -> Iterator[list[CpuShape]]:
     finally:
         for shape in shapes:
             shape.stop()
+
+
+def unwind_on_sigterm() -> None:
+    """A benchmark stopped by SIGTERM unwinds as on Ctrl-C: the finally blocks remove the
+    namespace, cgroups, mounts and servers it made."""
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
 
 
 # -- cells and rounds ------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""The restore benchmark (`make bench`): our slot task's restore against curl and aria2c.
+"""The restore benchmark (`make bench`): our slot task's restore against the shell.
 
-Both baselines do the same work as the task, on an R2-like capped link and on unlimited
-loopback.
+Every baseline does the task's work (download, verify, extract, check out) on the same
+link, disk and CPU.
 
 Inputs, generated once per size (deterministic: the same trees and commit every time) and
 cached in the work dir: a snapshot of two archives, built with the project's own
@@ -21,55 +21,61 @@ cached in the work dir: a snapshot of two archives, built with the project's own
 About 120,000 files at "300 MB" (20,000 in the checkout, 100,000 in the deps); a larger
 size holds more files, not only bigger ones: "1 GB" has three times as many.
 
-Then, per link and size, in rounds whose order rotates (each method first in turn, and
-over six rounds every order), each run into a fresh journaled ext4 of its own:
+Cells: every link of `links.LINKS` (`--links`: 50 MiB/s per connection over HTTP; 1
+Gbit/s in all with 30 ms of round trip over HTTPS, the certificate trusted by every client;
+unlimited loopback) at every CPU shape (`--cpus`: 1 and 2 vCPU, each a CFS quota on a
+cgroup of its own, as ECS gives a task its CPU), for every size. Each cell runs `--rounds`
+rounds (at least 5) of the five methods below, each round's order drawn at random
+(`links.shuffled`, `random.Random(--seed)`) and recorded; one untimed run of ours and of
+the shell comes first on each link. Every run writes into a fresh journaled ext4 of its own
+(a loop-mounted sparse image, made before the run and removed whole after it: as root;
+otherwise the work dir, and the report says so): this machine's root filesystem is ext4
+without a journal, where creating files right after deleting many is quadratic. The disk
+is synced before every timed run. Every timed command runs inside the cell's CPU shape
+(`CpuShape.wrap`: it and all it starts); nginx, moto and the checkpoint function (served in
+this process) stay outside, as R2 and AWS's side are not the task's.
 
 - ours: the real slot task (`python -m seedkeeper_task`) started as the local runtime
   starts it, against a moto lifecycle table holding a record born for it. As in a
   deployment its plan carries no URL: it starts at the real checkpoint function (served in
   this process by the local function-URL gateway, `POST /tasks/start` signed with the
-  task's keys), which answers presigned GETs of the archives' R2 keys pointing at nginx
-  (path-style, `/<bucket>/<key>`, laid out as links to the archives). Then it downloads,
-  verifies, extracts both, fixes up, writes its marker and settles. Timed as its whole
+  task's keys), which answers presigned GETs of the archives' R2 keys pointing at the
+  link's nginx (path-style, `/<bucket>/<key>`, laid out as links to the archives). Then it
+  downloads both archives at once (`download_parts`: 8 ranges each, hashed as they come),
+  checks each listing, extracts both (the checkout first fixed up by git, the deps tree
+  staged beside it), checks the trees, writes its marker and settles. Timed as its whole
   process from its spawn to its settled record (interpreter start, imports and the start
   call are part of what a task costs; the slot is usable once settled, so the sandbox
   command, which starts then, writes the time), as the task records its restore
-  (`result.ms`, `result.steps`), and until it is reaped (in the JSON). Its sandbox command
-  also writes the task's peak RSS (VmHWM), and exits.
-- curl: `curl -s -f -o` of both archives (one call), `openssl dgst -sha256` of both (the
-  task verifies too; the digests checked; OpenSSL uses the CPU's SHA extensions as the
-  task's hashlib does, where coreutils' `sha256sum` does not and takes 3.5 times as
-  long), `unsquashfs` with the task's own flags (the same
-  bounded caches) of the checkout into `checkout/` and of the deps into
-  `checkout/node_modules`, `git checkout -q -B main <commit>` (HEAD checked); each a
-  subprocess.
-- aria2c: the same with `aria2c -x4 -s4` (4 connections per archive, both archives at
-  once from one input file) in curl's place: the issue's baseline.
-- aria2c -x8: the same with `-x8 -s8`, the connections per archive the task opens itself
-  (`download_parts`): no target is set against it; it shows what of ours' lead on a
-  capped link is more connections, and what is the rest.
+  (`result.ms`, `result.steps`), and until it is reaped (in the JSON), with its CPU seconds
+  (user + system, the task and its children). Its sandbox command also writes the task's
+  peak RSS (VmHWM), and exits.
+- shell, the strongest baseline a shell user writes (`Bench.strongest`, one bash script):
+  both archives at once, each by `aria2c -x8 -s8` (as many connections as the task), each
+  verified (`openssl dgst -sha256`, the digest compared) and extracted (`unsquashfs`, the
+  task's own flags: the same bounded caches, the same strictness) as soon as it has landed,
+  while the other still comes; the deps tree moved into the checkout; then `git -c
+  core.checkStat=minimal -c core.trustctime=false checkout -B` (the index's stat data
+  trusted on size and mtime, which unsquashfs restores, as the task adopts it). OpenSSL
+  uses the CPU's SHA extensions as the task's hashlib does (coreutils' `sha256sum` does
+  not and takes 3.5 times as long).
+- aria2c and curl, the plain ones, each step a subprocess one after the other: `aria2c
+  -x4 -s4` of both archives at once (from one input file), or `curl -s -f -o` of one, then
+  the other; `openssl dgst -sha256` of both; `unsquashfs` of the checkout into `checkout/`
+  and of the deps into `checkout/node_modules`; `git checkout -q -B main <commit>`.
+- floor: `unsquashfs` of both archives at once from the page cache, nothing else: the CPU
+  floor. Each cell prints the floor as this plus the link's floor (`LinkSpec.floor_s` of
+  the archives over 8 connections each): what no restore that downloads, then extracts,
+  can beat on that link and CPU.
 
-The link: nginx on loopback serves the archives from the page cache, once per `--rates`
-entry. With a `limit_rate` per connection it stands in for R2: 50 MiB/s per connection
-(the default, "50m") is our assumption for one HTTPS stream from R2 to a task in an AWS
-region, not a measurement. A single TCP stream across the internet is held to its window
-over the round trip, which a few ranges at once multiply: that is what a per-connection
-cap models, and why aria2c is a baseline. Nothing caps the connections' sum here, as a
-task's network interface would somewhere above it. "none" is unlimited loopback, where a
-stream is nearly free and the download's parallelism buys little.
-
-The disk: each run writes into a fresh journaled ext4 (a loop-mounted sparse image, made
-before the run and removed whole after it: as root; otherwise the work dir, and the report
-says so). This machine's root filesystem is ext4 without a journal, where creating files
-right after deleting many is quadratic: a tree deleted there before a timed run added
-seconds of kernel time to every side. The disk is synced before every timed run.
-
-It reports, per link and size, medians and paired ratios (each of ours' runs against the
-baselines of its round, as median (min-max)), where the time goes, and whether the targets
-are met. It never fails on a target (exit 1 only when the benchmark itself breaks, such as
-a restore that does not seed). Inputs are cached in the work dir (default
-`$TMPDIR/seedkeeper-bench`), and every run's figures are written there as
-restore-results.json.
+Every baseline's digests and HEAD are checked. The report gives, per cell, medians and
+paired ratios (each of ours' runs against the same round's run of each method) as median
+(min-max), CPU seconds, where the time goes, and the targets of issue 31 (ours <= 1.0x the
+shell, <= 1.1x the floor; the task's peak RSS <= 150 MB and flat in size) as met or NOT
+met. It never fails on a target (exit 1 only when the benchmark itself breaks, such as a
+restore that does not seed). Inputs are cached in the work dir (default
+`$TMPDIR/seedkeeper-bench`); every run, each cell's orders and the seed are written there
+as restore-results.json.
 """
 
 from __future__ import annotations
@@ -908,6 +914,10 @@ def timed_run(argv: Sequence[str], *, env: dict[str, str], log: IO[bytes]) -> Ti
     killer.start()
     try:
         _, status, usage = os.wait4(process.pid, 0)
+    except BaseException:  # interrupted: nothing of the run outlives the benchmark
+        _kill_group(process.pid)
+        os.waitpid(process.pid, 0)
+        raise
     finally:
         killer.cancel()
     seconds = time.perf_counter() - started
@@ -1789,6 +1799,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="cached inputs, scratch runs and restore-results.json",
     )
     options = parser.parse_args(argv)
+    links.unwind_on_sigterm()
     console = Console(width=max(Console().width, 200))  # the tables stay readable in a log
     for tool, package in TOOLS.items():
         if shutil.which(tool) is None:

@@ -843,6 +843,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="cached inputs (shared with restore.py), scratch runs, resume-results.json",
     )
     options = parser.parse_args(argv)
+    links.unwind_on_sigterm()
     console = Console(width=max(Console().width, 180))  # the tables stay readable in a log
     for tool, package in TOOLS.items():
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
