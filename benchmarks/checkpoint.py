@@ -442,7 +442,7 @@ class Bench:
                 (root / "state").mkdir(mode=0o711)  # the supervisor's state folder
                 if case.label not in self.checkout_bytes:
                     self.checkout_bytes[case.label] = _tree_bytes(root / "checkout")
-                restore._settle_disk()
+                restore.settle_disk()
                 yield root, folder
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -993,14 +993,9 @@ def _steps_table(cells: list[Cell]) -> Table:
     for heading in ("cell", "ours: step", "s", f"{FILE}: step", "s", f"{STREAMING}: step", "s"):
         table.add_column(heading, justify="right" if heading == "s" else "left")
     for cell in cells:
-        listed = [list(cell.step_medians(method).items()) for method in METHODS]
-        rows = max(len(steps) for steps in listed)
-        for index in range(rows):
-            row = [cell.where if index == 0 else ""]
-            for steps in listed:
-                name, seconds = steps[index] if index < len(steps) else ("", None)
-                row += [name, "" if seconds is None else f"{seconds:.2f}"]
-            table.add_row(*row, end_section=index == rows - 1)
+        restore.add_side_by_side(
+            table, cell.where, [cell.step_medians(method) for method in METHODS]
+        )
     return table
 
 

@@ -1146,7 +1146,7 @@ class Bench:
         )
         # The checkpoint function runs in this process: its grants point at this run's nginx.
         os.environ["SEEDKEEPER_R2_ENDPOINT"] = self.nginx.endpoint
-        _settle_disk()
+        settle_disk()
         with (folder / "task.log").open("wb") as log:
             task = self.shape.wrap([sys.executable, "-m", "seedkeeper_task"])
             return timed_run(task, env=environment, log=log)
@@ -1205,7 +1205,7 @@ class Bench:
                 commands[f"unsquashfs {kind}"] = [*UNSQUASHFS_COMMAND, "-d", str(target), archive]
             git = ["git", "-C", str(checkout)]
             commands["git checkout"] = [*git, "checkout", "-q", "-B", REF, case.commit]
-            _settle_disk()
+            settle_disk()
             for name, argv in commands.items():
                 timed = self._step(name, argv, folder)
                 steps[name], rss[name] = timed.seconds, timed.max_rss_kb
@@ -1274,7 +1274,7 @@ mv {shlex.quote(str(deps))} {shlex.quote(str(checkout / DEPS_PATH))}
 {git} checkout -q -B {REF} {case.commit}
 mark git
 """
-            _settle_disk()
+            settle_disk()
             timed = self._step(STRONGEST, ["bash", "-c", script], folder)
             if _head(checkout) != case.commit or not (checkout / DEPS_PATH).is_dir():
                 raise links.BenchError(f"{STRONGEST}: HEAD is not the snapshot's commit")
@@ -1299,7 +1299,7 @@ mark git
                 shlex.join([*UNSQUASHFS_COMMAND, "-d", str(root / kind), str(archived.path)])
                 for kind, archived in (("checkout", case.checkout), ("deps", case.deps))
             )
-            _settle_disk()
+            settle_disk()
             timed = self._step(FLOOR, ["bash", "-c", f"set -e; {both} & wait %1; wait %2"], folder)
         shutil.rmtree(folder)
         return BaselineRun(
@@ -1358,7 +1358,7 @@ mark git
         ]
 
 
-def _settle_disk() -> None:
+def settle_disk() -> None:
     """Start each timed run with no dirty pages from the one before (untimed)."""
     os.sync()
     time.sleep(0.2)
@@ -1704,17 +1704,21 @@ def _steps_table(results: list[Result]) -> Table:
     for heading in ("cell", "ours: step", "s", *baselines):
         steps.add_column(heading, justify="right" if heading == "s" else "left")
     for result in results:
-        listed = [list(result.ours_steps().items())] + [
-            list(result.baseline_steps(baseline).items()) for baseline in BASELINES
-        ]
-        rows = max(len(steps_of) for steps_of in listed)
-        for index in range(rows):
-            cells = [result.where if index == 0 else ""]
-            for steps_of in listed:
-                step, seconds = steps_of[index] if index < len(steps_of) else ("", None)
-                cells += [step, "" if seconds is None else f"{seconds:.2f}"]
-            steps.add_row(*cells, end_section=index == rows - 1)
+        listed = [result.ours_steps()] + [result.baseline_steps(baseline) for baseline in BASELINES]
+        add_side_by_side(steps, result.where, listed)
     return steps
+
+
+def add_side_by_side(table: Table, where: str, listed: Sequence[dict[str, float]]) -> None:
+    """One cell's steps, each method's (name, seconds) in two columns of their own, side by
+    side; `where` heads its first row, a line closes it."""
+    rows = max(len(steps) for steps in listed)
+    for index in range(rows):
+        cells = [where if index == 0 else ""]
+        for steps in listed:
+            step, seconds = list(steps.items())[index] if index < len(steps) else ("", None)
+            cells += [step, "" if seconds is None else f"{seconds:.2f}"]
+        table.add_row(*cells, end_section=index == rows - 1)
 
 
 def _targets(console: Console, inputs: list[Input], results: list[Result]) -> None:

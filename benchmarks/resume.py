@@ -323,7 +323,7 @@ mark unsquashfs
         """One timed command inside the cell's shape, trusting the link; its output in
         `folder`/<name>.log, a failure raised with its tail."""
         log = folder / f"{name}.log"
-        _settle_disk()
+        restore.settle_disk()
         with log.open("wb") as output:
             timed = restore.timed_run(self.shape.wrap(argv), env=self.environment, log=output)
         if timed.code != 0:
@@ -398,12 +398,6 @@ mark unsquashfs
         if not isinstance(outcome, Written):
             raise links.BenchError(f"{name} was not written: {outcome}")
         return outcome
-
-
-def _settle_disk() -> None:
-    """Start each timed run with no dirty pages from the one before (untimed)."""
-    os.sync()
-    time.sleep(0.2)
 
 
 def _marked(marks: Path) -> tuple[dict[str, float], dict[str, float]]:
