@@ -31,8 +31,10 @@ cap (the report says so).
 
 - ours: the supervisor's checkpoint, as a process of its own (DRIVER): an interpreter that
   imports the supervisor's modules and builds its clients, then `capture.freeze` (no
-  sandbox: the sync alone), `capture.capture` (mksquashfs zstd level 3, then sha256 and md5
-  in one pass), asks this process for a presigned PUT (the checkpoint function's part:
+  sandbox: the sync alone), `capture.capture` (mksquashfs zstd level 3 in 1 MiB blocks,
+  as many threads as the shape's vCPUs, as the supervisor runs it from the task's
+  SEEDKEEPER_CPU_UNITS; then sha256 and md5 in one pass), asks this process for a
+  presigned PUT (the checkpoint function's part:
   `R2.presign_put`, so its `Content-MD5` and `x-amz-checksum-sha256` are signed and sent),
   and `capture.upload`s the file in one PUT (http.client over Python's ssl, whose default
   context reads SSL_CERT_FILE). Timed from the freeze to the upload's answer (what a
@@ -145,6 +147,7 @@ from pathlib import Path
 
 import seedkeeper_task.supervisor  # the modules a supervisor holds while it waits
 from seedkeeper_task import capture as module
+from seedkeeper_task.settings import TaskSettings
 from seedkeeper_task.watch import MAX_CHECKPOINT_BYTES
 
 def status(name):
@@ -180,7 +183,12 @@ cpu_before = cpu(resource.RUSAGE_SELF)
 started = time.perf_counter()
 timed("freeze (sync)", module.freeze)(None, None)
 captured = timed("capture", module.capture)(
-    checkout, target, user=None, timeout=float(sys.argv[3]), max_bytes=MAX_CHECKPOINT_BYTES
+    checkout,
+    target,
+    user=None,
+    timeout=float(sys.argv[3]),
+    max_bytes=MAX_CHECKPOINT_BYTES,
+    processors=TaskSettings().processors(),  # as the supervisor passes it, from its CPU
 )
 facts = {"size": captured.size, "sha256": captured.sha256, "md5": captured.md5}
 print(json.dumps(facts), file=channel, flush=True)
@@ -471,7 +479,9 @@ class Bench:
                 str(CAPTURE_TIMEOUT),
                 str(UPLOAD_TIMEOUT),
             ]
-            environment = self.environment | wire.server.client_environment()
+            environment = (
+                self.environment | wire.server.client_environment() | shape.task_environment
+            )
             with (folder / "driver.log").open("wb") as log:
                 timed, captured, result = self._drive(
                     shape=shape,

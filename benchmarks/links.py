@@ -441,6 +441,11 @@ class CpuShape:
         return f"{self.count} vCPU"
 
     @property
+    def task_environment(self) -> dict[str, str]:
+        """What the template tells a task of this CPU (its SlotCpu, 1024 units a vCPU)."""
+        return {"SEEDKEEPER_CPU_UNITS": str(self.count * 1024)}
+
+    @property
     def description(self) -> str:
         if self.cgroup is not None:
             return f"{self.label}: CFS quota {self.count} x {QUOTA_PERIOD_US} us per period"

@@ -152,6 +152,16 @@ RUN_TIMEOUT = 900.0
 # `-r` prints "<digest> *<file>", as sha256sum does.
 SHA256_COMMAND = ("openssl", "dgst", "-sha256", "-r")
 TASK_PARTS: int = TaskSettings.model_fields["download_parts"].default  # ranges per archive
+
+
+def task_unsquashfs(shape: links.CpuShape) -> list[str]:
+    """unsquashfs as the task runs it at `shape`: its flags, and as many threads as the
+    template's CPU gives it (`TaskSettings.processors`). Every baseline extracts with it."""
+    cpu_units = int(shape.task_environment["SEEDKEEPER_CPU_UNITS"])
+    processors = TaskSettings(cpu_units=cpu_units).processors()
+    return [*UNSQUASHFS_COMMAND, "-processors", str(processors)]
+
+
 # The strongest baseline a shell user writes (`Bench.strongest`): both archives at once,
 # each over as many connections as the task opens, each extracted as soon as it has landed
 # and verified, then git trusting the restored stat data as far as git can.
@@ -1143,6 +1153,7 @@ class Bench:
                 "SEEDKEEPER_CHECKPOINT_URL": self.checkpoint_url,
                 "SEEDKEEPER_SANDBOX_COMMAND": json.dumps(["sh", "-c", probe]),
             }
+            | self.shape.task_environment
         )
         # The checkpoint function runs in this process: its grants point at this run's nginx.
         os.environ["SEEDKEEPER_R2_ENDPOINT"] = self.nginx.endpoint
@@ -1202,7 +1213,8 @@ class Bench:
                 ("deps", case.deps, checkout / DEPS_PATH),
             ):
                 archive = str(root / archived.path.name)
-                commands[f"unsquashfs {kind}"] = [*UNSQUASHFS_COMMAND, "-d", str(target), archive]
+                unsquashfs = task_unsquashfs(self.shape)
+                commands[f"unsquashfs {kind}"] = [*unsquashfs, "-d", str(target), archive]
             git = ["git", "-C", str(checkout)]
             commands["git checkout"] = [*git, "checkout", "-q", "-B", REF, case.commit]
             settle_disk()
@@ -1250,7 +1262,7 @@ class Bench:
                 )
             ]
             aria2c = shlex.join([*self._aria2c(TASK_PARTS), "-d", str(root)])
-            unsquashfs = shlex.join(UNSQUASHFS_COMMAND)
+            unsquashfs = shlex.join(task_unsquashfs(self.shape))
             git = shlex.join(["git", *STRONGEST_GIT, "-C", str(checkout)])
             script = f"""set -eu
 mark() {{ echo "$1 $(date +%s.%N)" >> {shlex.quote(str(marks))}; }}
@@ -1296,7 +1308,9 @@ mark git
         folder = self.run_dir(f"{FLOOR}-{next(self.slots)}")
         with self.disks.fresh(folder, capacity(case)) as root:
             both = " & ".join(
-                shlex.join([*UNSQUASHFS_COMMAND, "-d", str(root / kind), str(archived.path)])
+                shlex.join(
+                    [*task_unsquashfs(self.shape), "-d", str(root / kind), str(archived.path)]
+                )
                 for kind, archived in (("checkout", case.checkout), ("deps", case.deps))
             )
             settle_disk()

@@ -41,10 +41,11 @@ outside, as R2 and AWS's side are not the task's.
   `aria2c --no-conf -q -x8 -s8 -k1M --file-allocation=none` of the checkpoint object (as
   many connections as the task opens), `openssl dgst -sha256` of it (the digest compared
   with the object's; OpenSSL uses the CPU's SHA extensions as the task's hashlib does), and
-  `unsquashfs` with the task's own flags (`UNSQUASHFS_COMMAND`: its bounded caches) into
-  the checkout's path. No git: the resume checks nothing out either. Timed whole from spawn
-  to reap; each step's wall time and its processes' CPU seconds from the script's own
-  marks (`$EPOCHREALTIME` and bash's `times`, neither of which starts a process).
+  `unsquashfs` with the task's own flags (`restore.task_unsquashfs`: its bounded caches,
+  its threads) into the checkout's path. No git: the resume checks nothing out either.
+  Timed whole from spawn to reap; each step's wall time and its processes' CPU seconds
+  from the script's own marks (`$EPOCHREALTIME` and bash's `times`, neither of which
+  starts a process).
 - seed: the same slot seeded afresh by the real task from the snapshot's two archives (its
   start granted presigned GETs of them), as the restore benchmark starts it: what a resume
   saves over a new seed.
@@ -295,7 +296,7 @@ mark aria2c
 digest=$({shlex.join([*SHA256_COMMAND, str(downloaded)])})
 [ "${{digest%% *}}" = {parkable.sha256} ] || {{ echo "wrong digest: $digest" >&2; exit 1; }}
 mark sha256
-{shlex.join([*UNSQUASHFS_COMMAND, "-d", str(checkout), str(downloaded)])}
+{shlex.join([*restore.task_unsquashfs(self.shape), "-d", str(checkout), str(downloaded)])}
 mark unsquashfs
 """
             timed = self._timed(BASELINE, ["bash", "-c", script], folder)
@@ -309,7 +310,8 @@ mark unsquashfs
         name = self.name(FLOOR)
         parkable = self.parkables[case.label]
         with self.fresh(case, name) as (root, folder):
-            argv = [*UNSQUASHFS_COMMAND, "-d", str(root / CHECKOUT), str(parkable.path)]
+            unsquashfs = restore.task_unsquashfs(self.shape)
+            argv = [*unsquashfs, "-d", str(root / CHECKOUT), str(parkable.path)]
             timed = self._timed(FLOOR, argv, folder)
         return ShellRun(
             total_s=timed.seconds,
@@ -637,7 +639,7 @@ def report(
                 "baseline": {
                     "download": list(ARIA2C),
                     "verify": list(SHA256_COMMAND),
-                    "extract": list(UNSQUASHFS_COMMAND),
+                    "extract": [*UNSQUASHFS_COMMAND, "-processors", "<the shape's vCPUs>"],
                 },
                 "versions": {
                     tool: restore._version([tool, flag])

@@ -147,6 +147,7 @@ class SlotTask:
                 checkout=self.checkout,
                 state_dir=self.state_dir,
                 user=settings.slot_user(),
+                processors=settings.processors(),
                 checkpointing=CheckpointSettings(),
             ),
             api,
@@ -371,6 +372,7 @@ class SlotTask:
             return extract(
                 archive,
                 target,
+                processors=self.settings.processors(),
                 owner=self.settings.slot_user(),
                 worktree_links_may_leave=checkpoint,
                 staging_in=self.workspace if before_placing is not None else None,

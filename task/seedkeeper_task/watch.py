@@ -83,6 +83,7 @@ class WatchSettings:
     checkout: Path
     state_dir: Path
     user: SlotUser | None
+    processors: int | None  # mksquashfs's threads (None: one per processor it sees)
     checkpointing: CheckpointSettings
 
 
@@ -172,6 +173,7 @@ class Watcher:
                         settings.checkout,
                         target,
                         user=settings.user,
+                        processors=settings.processors,
                         timeout=settings.checkpointing.checkpoint_timeout,
                         cancel=cancel,
                         max_bytes=MAX_CHECKPOINT_BYTES,

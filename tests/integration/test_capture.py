@@ -346,6 +346,33 @@ def test_a_capture_as_the_supervisors_own_user(place: Path, state: Path) -> None
     )
 
 
+def test_a_capture_runs_as_many_threads_as_it_is_given_in_1_mib_blocks(
+    place: Path, state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task's vCPUs bound mksquashfs's threads (a Fargate task sees more processors
+    than its quota lets it use); squashfs's largest block makes the capture smaller."""
+    started: list[list[str]] = []
+    real_popen = subprocess.Popen
+
+    def recording_popen(argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+        started.append(list(argv))
+        return real_popen(argv, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(subprocess, "Popen", recording_popen)
+    target = state / "1m.sqsh"
+
+    capture(checkout_of(place, None), target, user=None, timeout=60, processors=1)
+
+    (mksquashfs,) = [argv for argv in started if argv[0] == "mksquashfs"]
+    assert mksquashfs[mksquashfs.index("-processors") + 1] == "1"
+    superblock = subprocess.run(
+        ["unsquashfs", "-s", str(target)], capture_output=True, check=True, text=True
+    ).stdout
+    assert "Block size 1048576" in superblock
+    with pytest.raises(ValueError, match="processors"):
+        capture(place, state / "none.sqsh", user=None, timeout=60, processors=0)
+
+
 @root_only
 def test_credentials_are_scrubbed_from_the_capture_and_kept_in_the_live_config(
     place: Path, state: Path, slot: SlotUser

@@ -539,6 +539,26 @@ def test_the_slot_task_is_told_where_to_checkpoint_and_how_often_to_look(
     assert settings.watch_interval == 30
 
 
+def test_the_slot_task_runs_as_many_threads_as_its_cpu(
+    template: Template, deployed: Deployed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its extractions and capture size their threads by the task's CPU, not by the
+    processors a Fargate task sees."""
+    environment = {v["Name"]: v["Value"] for v in slot_container(template)["Environment"]}
+    assert environment["SEEDKEEPER_CPU_UNITS"] == {"Ref": "SlotCpu"}
+    (deployed_container,) = deployed.resources[TASK_DEFINITION]["Properties"][
+        "ContainerDefinitions"
+    ]
+    for variable in deployed_container["Environment"]:
+        monkeypatch.setenv(variable["Name"], str(variable["Value"]))
+    assert TaskSettings().processors() == 2  # SlotCpu's default, 2048
+    for units, processors in (("256", 1), ("1024", 1), ("1536", 2), ("4096", 4)):
+        monkeypatch.setenv("SEEDKEEPER_CPU_UNITS", units)
+        assert TaskSettings().processors() == processors
+    monkeypatch.delenv("SEEDKEEPER_CPU_UNITS")
+    assert TaskSettings().processors() is None  # a local stack: every processor
+
+
 def test_every_reader_of_the_park_retention_is_given_the_parameter(template: Template) -> None:
     """The checkpoint function (a checkpoint's expiry, which a parked record's TTL follows)
     reads the retention: it is given the parameter, never a default."""
