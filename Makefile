@@ -105,7 +105,7 @@ pr: lint test ## Everything a change must pass before it lands
 SOAK_MINUTES ?= 10
 
 bench: setup bench-packages docker-packages ## Benchmark the restore, the checkpoint and the resume (three links, 1 and 2 vCPU), imports, sweep, API calls, a container seed, the slot image, the time to the first command, a working day on the local stack
-	$(BIN)/python benchmarks/restore.py --sizes "1 GB" "300 MB" --rounds 5
+	$(BIN)/python benchmarks/restore.py --sizes "1 GB" "300 MB" --rounds 5 --plain-up-to "300 MB"
 	$(BIN)/python benchmarks/checkpoint.py --sizes 1000 300
 	$(BIN)/python benchmarks/resume.py --sizes "300 MB" --rounds 5
 	$(BIN)/python benchmarks/imports.py

@@ -25,7 +25,8 @@ Cells: every link of `links.LINKS` (`--links`: 50 MiB/s per connection over HTTP
 Gbit/s in all with 30 ms of round trip over HTTPS, the certificate trusted by every client;
 unlimited loopback) at every CPU shape (`--cpus`: 1 and 2 vCPU, each a CFS quota on a
 cgroup of its own, as ECS gives a task its CPU), for every size. Each cell runs `--rounds`
-rounds (at least 5) of the five methods below, each round's order drawn at random
+rounds (at least 5) of the five methods below (above `--plain-up-to`, of ours, the shell
+and the floor), each round's order drawn at random
 (`links.shuffled`, `random.Random(--seed)`) and recorded; one untimed run of ours and of
 the shell comes first on each link. Every run writes into a fresh journaled ext4 of its own
 (a loop-mounted sparse image, made before the run and removed whole after it: as root;
@@ -172,7 +173,6 @@ ARIA2C_CONNECTIONS = 4
 PLAIN = ("aria2c", "curl")
 BASELINES = (STRONGEST, *PLAIN)
 FLOOR = "floor"  # unsquashfs of both archives at once, nothing else: the CPU floor
-METHODS = ("ours", *BASELINES, FLOOR)
 DESCRIPTIONS = {
     "ours": "the slot task, its whole process",
     STRONGEST: f"aria2c -x{TASK_PARTS} per archive, both at once, each verified and "
@@ -1448,6 +1448,12 @@ class Result:
         default_factory=lambda: {name: [] for name in (*BASELINES, FLOOR)}
     )
     orders: list[tuple[str, ...]] = field(default_factory=list)  # each round's
+    plain: tuple[str, ...] = PLAIN  # the plain baselines run (`--plain`)
+
+    @property
+    def measured(self) -> tuple[str, ...]:
+        """The baselines run, the strongest first."""
+        return (STRONGEST, *self.plain)
 
     @property
     def where(self) -> str:
@@ -1523,7 +1529,7 @@ class Result:
             f"paired_{'process' if whole else 'restore'}_to_{baseline}": self.paired(
                 baseline, whole=whole
             )
-            for baseline in (*BASELINES, FLOOR)
+            for baseline in (*self.measured, FLOOR)
             for whole in (True, False)
         }
         return {
@@ -1536,14 +1542,17 @@ class Result:
             "median_unsquashfs_plus_link_floor_s": statistics.median(self.floors()),
             "median_ours_process_s": self.median("ours"),
             "median_ours_restore_s": self.restore_s,
-            **{f"median_{method}_s": self.median(method) for method in (*BASELINES, FLOOR)},
-            **{f"median_{method}_cpu_s": self.cpu_s(method) for method in METHODS},
+            **{f"median_{method}_s": self.median(method) for method in (*self.measured, FLOOR)},
+            **{
+                f"median_{method}_cpu_s": self.cpu_s(method)
+                for method in ("ours", *self.measured, FLOOR)
+            },
             **ratios,
             "peak_rss_mb": self.peak_rss_mb,
             "ours_steps_median_s": self.ours_steps(),
             **{
                 f"{baseline}_steps_median_s": self.baseline_steps(baseline)
-                for baseline in BASELINES
+                for baseline in self.measured
             },
             "ours_tree_max_rss_mb": max(run.tree_max_rss_kb for run in self.ours) * 1024 / MB,
             "orders": self.orders,
@@ -1551,7 +1560,7 @@ class Result:
                 "ours": [asdict(run) for run in self.ours],
                 **{
                     method: [asdict(run) for run in self.baselines[method]]
-                    for method in (*BASELINES, FLOOR)
+                    for method in (*self.measured, FLOOR)
                 },
             },
         }
@@ -1694,14 +1703,12 @@ def _results_table(results: list[Result]) -> Table:
             str(result.rounds),
             f"{result.median('ours'):.2f}",
             f"{result.median(STRONGEST):.2f}",
-            f"{result.median('aria2c'):.2f}",
-            f"{result.median('curl'):.2f}",
+            *(f"{result.median(m):.2f}" if m in result.plain else "not run" for m in PLAIN),
             f"{result.link_floor_s:.2f}",
             f"{statistics.median(result.floors()):.2f}",
             spread(result.paired(STRONGEST)),
             spread(result.paired(FLOOR)),
-            spread(result.paired("aria2c")),
-            spread(result.paired("curl")),
+            *(spread(result.paired(m)) if m in result.plain else "not run" for m in PLAIN),
             f"{result.cpu_s('ours'):.2f}",
             f"{result.cpu_s(STRONGEST):.2f}",
             f"{result.peak_rss_mb:.1f}",
@@ -1718,7 +1725,10 @@ def _steps_table(results: list[Result]) -> Table:
     for heading in ("cell", "ours: step", "s", *baselines):
         steps.add_column(heading, justify="right" if heading == "s" else "left")
     for result in results:
-        listed = [result.ours_steps()] + [result.baseline_steps(baseline) for baseline in BASELINES]
+        listed = [result.ours_steps()] + [
+            result.baseline_steps(baseline) if baseline in result.measured else {}
+            for baseline in BASELINES
+        ]
         add_side_by_side(steps, result.where, listed)
     return steps
 
@@ -1811,6 +1821,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     links.add_cell_options(parser)
     parser.add_argument(
+        "--plain-up-to",
+        type=size_for,
+        metavar="SIZE",
+        help="run the plain baselines (aria2c, curl) only at sizes up to this one; above it, "
+        "ours, the shell and the floor (default: every method at every size)",
+    )
+    parser.add_argument(
         "--workdir",
         type=Path,
         default=Path(tempfile.gettempdir()) / "seedkeeper-bench",
@@ -1840,6 +1857,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "links": {spec.name: asdict(spec) for spec in specs},
                 "cpu_shapes": [shape.description for shape in shapes],
                 "seed": options.seed,
+                "plain_up_to": options.plain_up_to and options.plain_up_to.label,
             }
             results = measure_all(
                 console,
@@ -1849,6 +1867,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shapes=shapes,
                 rounds=options.rounds,
                 rng=random.Random(options.seed),  # noqa: S311 - orders, not secrets
+                plain=(),
+                plain_up_to=options.plain_up_to,
             )
     except links.BenchError as broken:
         console.print(f"[red]the benchmark could not measure:[/red] {broken}")
@@ -1869,9 +1889,12 @@ def measure_all(
     shapes: list[links.CpuShape],
     rounds: int,
     rng: random.Random,
+    plain: tuple[str, ...] = PLAIN,
+    plain_up_to: Size | None = None,
 ) -> list[Result]:
     """Per link, CPU shape and size (a cell), `rounds` rounds of every method, each round in
-    an order of its own."""
+    an order of its own; above `plain_up_to`, of the plain baselines only `plain`."""
+    larger = [case for case in inputs if plain_up_to and case.size > plain_up_to.megabytes * MB]
     moto = AtomicMotoServer().start()
     keys = TaskKeys(workdir)
     gateway = checkpoint_function(moto.endpoint, keys)
@@ -1914,7 +1937,13 @@ def measure_all(
                     for case in inputs:
                         results.append(
                             measure_cell(
-                                console, bench, spec=spec, case=case, rounds=rounds, rng=rng
+                                console,
+                                bench,
+                                spec=spec,
+                                case=case,
+                                rounds=rounds,
+                                rng=rng,
+                                plain=plain if case in larger else PLAIN,
                             )
                         )
         return results
@@ -1932,10 +1961,11 @@ def measure_cell(
     case: Input,
     rounds: int,
     rng: random.Random,
+    plain: tuple[str, ...] = PLAIN,
 ) -> Result:
-    result = Result(case, spec, bench.shape.label)
+    result = Result(case, spec, bench.shape.label, plain=plain)
     for index in range(rounds):
-        result.orders.append(links.shuffled(METHODS, rng))
+        result.orders.append(links.shuffled(("ours", *result.measured, FLOOR), rng))
         for method in result.orders[-1]:
             if method == "ours":
                 result.ours.append(bench.ours(case))
@@ -1948,7 +1978,7 @@ def measure_cell(
         ours = result.ours[-1]
         others = ", ".join(
             f"{method} {result.baselines[method][-1].total_s:.2f} s"
-            for method in (*BASELINES, FLOOR)
+            for method in (*result.measured, FLOOR)
         )
         console.print(
             f"  {result.where} #{index + 1}: ours {ours.process_s:.2f} s (restore "

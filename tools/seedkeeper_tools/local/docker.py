@@ -52,6 +52,7 @@ TASK_DEFINITION_OPTIONS = (
     "SEEDKEEPER_DOWNLOAD_STALL_TIMEOUT",
     "SEEDKEEPER_DOWNLOAD_RETRIES",
     "SEEDKEEPER_STANDBY_POLL",
+    "SEEDKEEPER_CPU_UNITS",
 )
 # Where the task definition mounts its `workspace` volume (the image's SEEDKEEPER_WORKSPACE).
 WORKSPACE = "/workspace"

@@ -65,6 +65,7 @@ LOCAL_TASK_ENVIRONMENT = (
     "SEEDKEEPER_CHECKPOINT_URL",
     "SEEDKEEPER_WATCH_INTERVAL",
     "SEEDKEEPER_STANDBY_POLL",  # how often a standby asks for its assignment
+    "SEEDKEEPER_CPU_UNITS",  # its CPU: its extractions' and captures' threads
     # A platform stop's checkpoint budget, and how long a lost slot's record is kept.
     "SEEDKEEPER_STOP_TIMEOUT",
     "SEEDKEEPER_PARK_RETENTION",
