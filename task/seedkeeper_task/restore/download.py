@@ -669,22 +669,31 @@ class _Worker:
         stop_at: int,
     ) -> None:
         """Write the body into `claimed` from its next byte up to `stop_at`, after skipping
-        `skip` leading bytes (a 200's body starts at byte 0)."""
+        `skip` leading bytes (a 200's body starts at byte 0).
+
+        Over TLS a receive hands over one record (16 KiB): the buffer is filled over several
+        receives before each write, and what arrived before a failure is written first."""
         job, pool, buffer = self._job, self._pool, self._buffer
         while claimed.next < stop_at:
             want = min(len(buffer), skip or stop_at - claimed.next)
+            filled, failure = 0, None
             try:
                 link.sock.settimeout(job.timeout(pool))
-                count = response.readinto(buffer[:want])
+                while filled < want:
+                    count = response.readinto(buffer[filled:want])
+                    if count <= 0:
+                        failure = "short-read"
+                        break
+                    filled += count
             except (OSError, http.client.HTTPException, ValueError) as failed:
-                raise _Retry(_retry_reason(failed)) from None
-            if count <= 0:
-                raise _Retry("short-read")
+                failure = _retry_reason(failed)
             if skip:
-                skip -= count
-                continue
-            job.write(pool, buffer[:count], claimed.next)
-            job.advance(claimed, count)
+                skip -= filled
+            elif filled:
+                job.write(pool, buffer[:filled], claimed.next)
+                job.advance(claimed, filled)
+            if failure is not None:
+                raise _Retry(failure)
 
 
 class _OneReceive:
