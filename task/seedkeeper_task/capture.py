@@ -73,10 +73,12 @@ CHUNK_BYTES = MIB  # one read, one hash update, one send: the whole buffer
 # none. Owners, modes, symlinks (never followed), fifos and hard links are kept as they are.
 # zstd level 3, not mksquashfs's 15: measured on the 300 MB benchmark tree, 2.1 s for
 # 309 MB against 24.6 s for 299 MB; a checkpoint races a platform's stop timeout. -b 1M,
-# squashfs's largest block, not 128K: the same tree at 1 vCPU in 5.5 s and 277.5 MB
-# rather than 5.8 s and 315.1 MB (less to compress, upload and hash; the restore's
-# unsquashfs is no slower). -mem: mksquashfs's caches default to a quarter of memory
-# (664 MB at 300 MB), the same speed at 128 MiB, and a task must keep room for its sandbox.
+# squashfs's largest block, not 128K: 12 % less to upload and hash (277.5 MB against
+# 315.1 MB for that tree); its mksquashfs is faster at 1 vCPU (5.4 s against 5.8 s) and
+# slower at 2 (3.8 s against 3.2 s), which the smaller upload repays on a 1 Gbit/s link
+# (RELIABILITY.md, "Checkpoint, 300 MB"). -mem: mksquashfs's caches default to a quarter of
+# memory (664 MB at 300 MB), the same speed at 128 MiB, and a task must keep room for its
+# sandbox.
 _MKSQUASHFS_OPTIONS = (
     "-comp",
     "zstd",

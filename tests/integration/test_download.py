@@ -35,6 +35,9 @@ RANGE_HEADER = re.compile(r"bytes=(\d+)-(\d*)")
 STARTS = [first for first, _ in plan_ranges(SIZE, 4)]  # 0, 6, 12, 18 MiB
 DRIBBLE = CHUNK_BYTES * 3 // 4  # less than one read
 TLS_RECORD = 16 * 1024  # the most one receive over TLS hands over
+# Paced bodies, (bytes, seconds between): "records" as TLS hands a body over; "trickle"
+# never silent long enough to stall, a buffer filled only after 20 s.
+PACED = {"records": (TLS_RECORD, 0.0005), "trickle": (256, 0.02)}
 # How long the server stays silent (a stall, a dribble, a hang) unless the test ends first:
 # longer than any deadline or stall timeout here, so a download that ends while a request
 # is silent was ended by the client, never by the server giving up (`outwaited`).
@@ -143,10 +146,12 @@ class _Handler(BaseHTTPRequestHandler):
                     self.connection.close()
                 elif fault == "stall":
                     self.server.silence()
-            elif fault == "records":  # as TLS hands a body over: 16 KiB at a time
-                for offset in range(first, end, TLS_RECORD):
-                    self.connection.sendfile(source, offset, min(TLS_RECORD, end - offset))
-                    time.sleep(0.0005)
+            elif fault in PACED:  # pieces of a size, a pause apart, until the test ends
+                size, pause = PACED[fault]
+                for offset in range(first, end, size):
+                    self.connection.sendfile(source, offset, min(size, end - offset))
+                    if self.server.release.wait(pause):
+                        break
             elif fault == "slow":
                 for offset in range(first, end, 64 * 1024):
                     self.connection.sendfile(source, offset, min(64 * 1024, end - offset))
@@ -415,6 +420,20 @@ def test_the_deadline_bounds_the_whole_download(fetch: Fetch, server: RangeServe
     failed = fetch.fails(deadline=time.monotonic() + 0.5, stall_timeout=OUTLASTED)
 
     assert (failed.step, failed.reason) == ("download", "deadline")
+
+
+def test_a_body_that_trickles_in_fails_on_the_deadline_not_when_a_buffer_fills(
+    fetch: Fetch, server: RangeServer
+) -> None:
+    """Bytes keep coming, each receive well within the stall timeout, far too slowly to fill
+    a buffer before the deadline: every receive is bounded by the deadline too."""
+    server.fault = lambda start, hit: "trickle" if start == RANGE else None
+    started = time.monotonic()
+
+    failed = fetch.fails(deadline=started + 0.5)
+
+    assert (failed.step, failed.reason) == ("download", "deadline")
+    assert time.monotonic() - started < 3.0
 
 
 def test_stalls_that_repeat_until_the_deadline_fail_on_the_deadline(

@@ -277,6 +277,28 @@ def task_environment(incarnation: str, local: LocalRuntime) -> dict[str, str]:
     return dict(entry.decode().split("=", 1) for entry in entries if entry)
 
 
+@pytest.mark.parametrize(("cpu", "told"), [(1024, "1024"), (2560, "2048"), (None, None)])
+def test_a_local_task_is_told_the_cpu_it_may_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu: int | None, told: str | None
+) -> None:
+    """As the task definition tells a task its SlotCpu: the cores it runs on, in units, so
+    it sizes its extractions' and captures' threads by them; without a limit, nothing."""
+    monkeypatch.delenv("SEEDKEEPER_CPU_UNITS", raising=False)
+    if cpu is not None and cpu // 1024 > len(os.sched_getaffinity(0)):
+        pytest.skip("this machine has fewer cores than the task's CPU")
+    local = LocalRuntime(
+        tmp_path / "data",
+        command=(sys.executable, "-c", FAKE_TASK),
+        slot_uids_from=SLOT_UIDS_FROM_HERE,
+        cpu=cpu,
+    )
+    incarnation = local.launch(plan())
+    try:
+        assert task_environment(incarnation, local).get("SEEDKEEPER_CPU_UNITS") == told
+    finally:
+        local.stop(incarnation)
+
+
 def test_a_local_task_gets_what_an_ecs_task_gets_and_no_r2_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -92,6 +92,7 @@ def test_the_plan_travels_in_the_environment_never_in_an_argv(
         "AWS_SECRET_ACCESS_KEY",
         "SEEDKEEPER_SANDBOX_COMMAND",
         "AWS_EXECUTION_ENV",
+        "SEEDKEEPER_CPU_UNITS",
         PLAN_VARIABLE,
         "SEEDKEEPER_INCARNATION",
     }
@@ -240,4 +241,8 @@ def test_a_container_gets_the_tasks_cpus_never_more_than_the_machine_has(
     argv = run["argv"]
     assert isinstance(argv, list)
     assert argv[argv.index("--cpus") + 1] == EXPECTED_CPUS[(cores, cpu)]
+    # The task is told the CPU it gets, and sizes its helpers' threads by it.
+    environment = run["environment"]
+    assert isinstance(environment, dict)
+    assert environment["SEEDKEEPER_CPU_UNITS"] == str(int(EXPECTED_CPUS[(cores, cpu)]) * 1024)
     assert argv[argv.index("--mount") + 1] == "type=volume,destination=/workspace"

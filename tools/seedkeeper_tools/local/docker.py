@@ -52,7 +52,6 @@ TASK_DEFINITION_OPTIONS = (
     "SEEDKEEPER_DOWNLOAD_STALL_TIMEOUT",
     "SEEDKEEPER_DOWNLOAD_RETRIES",
     "SEEDKEEPER_STANDBY_POLL",
-    "SEEDKEEPER_CPU_UNITS",
 )
 # Where the task definition mounts its `workspace` volume (the image's SEEDKEEPER_WORKSPACE).
 WORKSPACE = "/workspace"
@@ -91,6 +90,9 @@ class DockerRuntime:
         # Never more than the machine has: Docker refuses a quota beyond its CPUs.
         cpus = (cpu or int(parameters["SlotCpu"]["Default"])) / 1024
         self._cpus = min(cpus, len(os.sched_getaffinity(0)))
+        # What the task definition tells a task of its CPU (SEEDKEEPER_CPU_UNITS = SlotCpu):
+        # here the quota it really gets, so it runs as many threads as it may use.
+        self._cpu_units = round(self._cpus * 1024)
         self._memory = int(parameters["SlotMemory"]["Default"])
         self._stop_timeout = int(str(container["StopTimeout"]))
         linux = container.get("LinuxParameters", {})
@@ -259,6 +261,7 @@ class DockerRuntime:
             | plan
             | {
                 "AWS_EXECUTION_ENV": "AWS_ECS_FARGATE",
+                "SEEDKEEPER_CPU_UNITS": str(self._cpu_units),
                 "SEEDKEEPER_INCARNATION": incarnation,
                 "AWS_ACCESS_KEY_ID": keys.access_key,
                 "AWS_SECRET_ACCESS_KEY": keys.secret_key,

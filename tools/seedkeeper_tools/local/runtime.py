@@ -65,7 +65,7 @@ LOCAL_TASK_ENVIRONMENT = (
     "SEEDKEEPER_CHECKPOINT_URL",
     "SEEDKEEPER_WATCH_INTERVAL",
     "SEEDKEEPER_STANDBY_POLL",  # how often a standby asks for its assignment
-    "SEEDKEEPER_CPU_UNITS",  # its CPU: its extractions' and captures' threads
+    "SEEDKEEPER_CPU_UNITS",  # its CPU (set from `cpu` when given): its helpers' threads
     # A platform stop's checkpoint budget, and how long a lost slot's record is kept.
     "SEEDKEEPER_STOP_TIMEOUT",
     "SEEDKEEPER_PARK_RETENTION",
@@ -331,6 +331,8 @@ class LocalRuntime:
         names = (*LOCAL_TASK_ENVIRONMENT, *self._passthrough)
         environment = {name: os.environ[name] for name in names if name in os.environ}
         keys = self._keys.issue(incarnation)
+        if self._cores is not None:  # the CPU it may use, as the task definition tells it
+            environment["SEEDKEEPER_CPU_UNITS"] = str(len(self._cores) * 1024)
         environment |= plan | {
             "SEEDKEEPER_WORKSPACE": str(workspace),
             "SEEDKEEPER_INCARNATION": incarnation,
