@@ -295,9 +295,9 @@ def test_every_change_grows_rev_by_one_and_never_moves_updated_at_back() -> None
 # -- the table -----------------------------------------------------------------------------
 
 
-def test_the_readme_state_diagram_is_drawn_from_the_table() -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    diagrams = re.findall(r"```mermaid\n(stateDiagram-v2\n.*?)\n```", readme, re.DOTALL)
+def test_the_docs_state_diagram_is_drawn_from_the_table() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "concepts" / "lifecycle.md").read_text()
+    diagrams = re.findall(r"```mermaid\n(stateDiagram-v2\n.*?)\n```", page, re.DOTALL)
     assert diagrams == [transitions.mermaid()], "redraw it: transitions.mermaid()"
 
 
