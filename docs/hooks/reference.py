@@ -166,7 +166,9 @@ def _constraints(schema: dict[str, Any]) -> str:
         inner = _constraints(part)
         if inner:
             found.append(inner)
-    return _cell(", ".join(found))
+    # Inside a code span a pipe is no cell boundary (Python-Markdown's tables), and an
+    # escape would show: only line breaks are taken out.
+    return ", ".join(found).replace("\n", " ")
 
 
 def _cell(text: str) -> str:
