@@ -8,7 +8,7 @@ IAM_NODE := tests/iam/node
 IAM_STAMP := $(IAM_NODE)/node_modules/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup system-packages test unit lint format pr clean demo sam-validate image docker-packages lambda-image sam-cli sam-local-build
+.PHONY: help setup system-packages test unit lint format pr clean demo docs sam-validate image docker-packages lambda-image sam-cli sam-local-build
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -39,10 +39,12 @@ endef
 system-packages:
 	$(call apt-packages,git:git unsquashfs:squashfs-tools node:nodejs npm:npm)
 
-$(STAMP): pyproject.toml
+# The executor's client (clients/python) is a distribution of its own; the slot task signs
+# its calls with the client's transport.
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' -e clients/python
 	touch $@
 
 # The suite's IAM evaluator (@cloud-copilot/iam-simulate, AGPL: a dev-only tool the tests
@@ -50,6 +52,18 @@ $(STAMP): pyproject.toml
 $(IAM_STAMP): $(IAM_NODE)/package-lock.json
 	npm ci --prefix $(IAM_NODE) --no-audit --no-fund --silent
 	touch $@
+
+# The documentation site: strict, so a broken link or anchor fails the build. Its hooks
+# (docs/hooks) generate the reference from the functions' OpenAPI documents and the CLI's
+# help, and plot the benchmarks' JSON. mkdocs-material 9.8 prints an end-of-life banner
+# for mkdocs 2 unless told not to.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(DOCS_STAMP) ## Build the documentation site into site/ (mkdocs build --strict)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The slot task's image (functions/seed_task/Dockerfile) as SLOT_IMAGE; the container
 # tests build it the same way. Its base: the public Python 3.13 slim image, or one made

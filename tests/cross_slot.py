@@ -8,7 +8,6 @@ refused, nothing is handed out, and B's record is unchanged."""
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,12 +19,10 @@ from botocore.exceptions import ClientError
 
 from executor import ORIGIN, claim_for
 from seedkeeper.config import StoreSettings
-from seedkeeper.domain.models import SeedIdentity
 from seedkeeper.domain.opwindow import OpKind
-from seedkeeper.domain.outcomes import Seeded
 from seedkeeper.domain.record import SlotRecord, Supported, slot_key
+from seedkeeper_client import Seeded, SeedIdentity, SeedkeeperClient
 from seedkeeper_task import function_url
-from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.local.principals import LocalCredentials, TaskKeys
 from seedkeeper_tools.local.stack import REGION, LocalStack
 
@@ -72,15 +69,12 @@ def wire_item(slot: str) -> dict[str, Any]:
 
 def as_task(stack: LocalStack, keys: LocalCredentials, path: str, body: Any) -> tuple[int, Any]:
     """A call to the stack's checkpoint function, signed with a task's keys."""
-    status, answer = function_url.call(
-        "POST",
+    return function_url.post(
         stack.url + path,
         body,
-        credentials=Credentials(keys.access_key, keys.secret_key),
-        region=REGION,
         timeout=30,
+        credentials=Credentials(keys.access_key, keys.secret_key),
     )
-    return status, json.loads(answer or b"{}")
 
 
 def assert_a_task_cannot_act_for_another(stack: LocalStack, seeded: Seeded2) -> None:

@@ -1,4 +1,5 @@
-"""The executor's side of the local stack: a signed client, a published snapshot, a claim."""
+"""The executor's side of the local stack: a signed client, a published snapshot, a claim,
+all the executor's own (`seedkeeper_client`), never the server's models."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ from botocore.credentials import Credentials
 
 from builders import ORIGIN
 from seedkeeper.adapters.r2 import R2, R2Settings
-from seedkeeper.domain.models import OwnerClaim, SeedIdentity
-from seedkeeper.domain.snapshots import NewSnapshot
-from seedkeeper_tools.client import SeedkeeperClient
+from seedkeeper_client import Archive, NewSnapshot, OwnerClaim, SeedIdentity, SeedkeeperClient
 from seedkeeper_tools.local.stack import LocalStack
 from seedkeeper_tools.publish import backup_id_for, head_of, upload_archive
 
@@ -31,7 +30,11 @@ def publish(client: SeedkeeperClient, repo: Path, scratch: Path) -> SeedIdentity
     )
     client.publish(
         NewSnapshot(
-            resource="widgets", ref=ref, sha=sha, created_at=1_800_000_000, checkout=archive
+            resource="widgets",
+            ref=ref,
+            sha=sha,
+            created_at=1_800_000_000,
+            checkout=Archive.model_validate(archive.model_dump()),
         )
     )
     handle = client.snapshot_status("widgets").seed_handle

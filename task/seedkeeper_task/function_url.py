@@ -1,55 +1,18 @@
-"""A call to a Lambda function URL with `AWS_IAM` auth: JSON in, the status and body out,
-signed with SigV4 (service `lambda`). Both the executor's client and the slot task (its task
-role, to the checkpoint function: `post`) call through here. The URL is never in an error."""
+"""The slot task's calls to Seedkeeper's function URLs (its task role, to the checkpoint
+function), through the executor's client's signed transport: `AWS_IAM` auth, SigV4 with
+service `lambda`, the URL never in an error."""
 
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from typing import Any
 
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials, ReadOnlyCredentials
+from botocore.credentials import Credentials
 
 from seedkeeper.adapters import aws
+from seedkeeper_client.transport import Unreachable, signed_call
 
-
-class Unreachable(ConnectionError):
-    """No answer (refused, reset, timed out): the message names the cause, never the URL."""
-
-
-def call(
-    method: str,
-    url: str,
-    body: Any,
-    *,
-    credentials: Credentials | ReadOnlyCredentials,
-    region: str,
-    timeout: float,
-) -> tuple[int, bytes]:
-    """The answer's status and body, a 4xx or 5xx included."""
-    data = json.dumps(body).encode() if body is not None else b""
-    request = AWSRequest(
-        method=method,
-        url=url,
-        data=data,
-        headers={"Content-Type": "application/json"} if body is not None else {},
-    )
-    SigV4Auth(credentials, "lambda", region).add_auth(request)
-    prepared = urllib.request.Request(  # noqa: S310 - a configured function URL
-        url, data=data or None, method=method, headers=dict(request.headers.items())
-    )
-    try:
-        with urllib.request.urlopen(prepared, timeout=timeout) as response:  # noqa: S310
-            answer: bytes = response.read()
-            return response.status, answer
-    except urllib.error.HTTPError as refused:
-        return refused.code, refused.read()
-    except (urllib.error.URLError, OSError) as failed:
-        reason = getattr(failed, "reason", failed)
-        raise Unreachable(type(reason).__name__) from None
+__all__ = ["Unreachable", "post"]
 
 
 def post(
@@ -62,7 +25,7 @@ def post(
     signing = credentials or session.get_credentials()
     if signing is None:
         raise Unreachable("NoCredentials")
-    status, payload = call(
+    status, payload = signed_call(
         "POST",
         url,
         body,

@@ -25,9 +25,8 @@ from botocore.credentials import Credentials
 
 from conftest import running_local_stack
 from seedkeeper.config import StoreSettings
-from seedkeeper.domain.outcomes import Cold
 from seedkeeper.domain.record import SlotRecord, Supported
-from seedkeeper_tools.client import SeedkeeperClient
+from seedkeeper_client import Cold, SeedkeeperClient
 from seedkeeper_tools.infra import ROOT, load_template
 from seedkeeper_tools.local.stack import LocalStack
 from seedkeeper_tools.sam_env import serve_sam_env, write_local_template

@@ -24,7 +24,6 @@ from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain.caller import task_id
 from seedkeeper.domain.checkpoints import RetentionSettings
-from seedkeeper.domain.outcomes import Cold, NotSeeded, Seeded, Seeding
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.record import SeedFailed, State, Supported, slot_key
 from seedkeeper.domain.runtime import TaskStatus
@@ -34,7 +33,7 @@ from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper.store.standbys import StandbyStore
 from seedkeeper.store.sweep_index import SweepIndex
-from seedkeeper_tools.client import SeedkeeperClient
+from seedkeeper_client import Cold, NotSeeded, Seeded, Seeding, SeedkeeperClient
 from seedkeeper_tools.local.docker import DockerRuntime
 from seedkeeper_tools.local.principals import TaskKeys
 from seedkeeper_tools.local.stack import LocalStack

@@ -25,14 +25,12 @@ from conftest import running_local_stack
 from executor import ORIGIN, claim_for, client_for, publish
 from repos import git, make_repository
 from seedkeeper.config import StoreSettings
-from seedkeeper.domain.models import OwnerClaim, SeedIdentity
 from seedkeeper.domain.opwindow import OpKind
-from seedkeeper.domain.outcomes import NotSeeded, Seeded
 from seedkeeper.domain.record import SlotRecord, State, Supported
 from seedkeeper.domain.runtime import TaskState, TaskStatus
+from seedkeeper_client import NotSeeded, OwnerClaim, Seeded, SeedIdentity, SeedkeeperClient
 from seedkeeper_task.sandbox import user_processes
 from seedkeeper_task.supervisor import CHECKOUT
-from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.stack import LocalStack
 
@@ -177,7 +175,8 @@ def test_an_idle_seeded_slot_is_checkpointed_then_parked_with_its_work_intact(
     checkpoint = record.checkpoint
     assert checkpoint is not None
     assert checkpoint.incarnation == slot.incarnation
-    assert checkpoint.owner == slot.claim
+    assert checkpoint.owner is not None
+    assert checkpoint.owner.model_dump() == slot.claim.model_dump()
     receipt = slot.client.receipt(
         slot.name, claim=slot.claim, seed=slot.seed, incarnation=slot.incarnation
     )

@@ -15,11 +15,18 @@ from botocore.credentials import Credentials
 from repos import make_repository
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
-from seedkeeper.domain.models import OwnerClaim, SeedIdentity
-from seedkeeper.domain.outcomes import Seeded, Seeding
 from seedkeeper.domain.record import Supported
-from seedkeeper.domain.snapshots import NewSnapshot
-from seedkeeper_tools.client import SeedAnswer, SeedkeeperClient, SeedkeeperRefused
+from seedkeeper_client import (
+    Archive,
+    NewSnapshot,
+    OwnerClaim,
+    SeedAnswer,
+    Seeded,
+    SeedIdentity,
+    Seeding,
+    SeedkeeperClient,
+    SeedkeeperRefused,
+)
 from seedkeeper_tools.local.stack import LocalStack
 from seedkeeper_tools.publish import backup_id_for, head_of, upload_archive
 
@@ -43,7 +50,11 @@ def seed(client: SeedkeeperClient, tmp_path: Path) -> SeedIdentity:
     )
     client.publish(
         NewSnapshot(
-            resource="widgets", ref=ref, sha=sha, created_at=1_800_000_000, checkout=archive
+            resource="widgets",
+            ref=ref,
+            sha=sha,
+            created_at=1_800_000_000,
+            checkout=Archive.model_validate(archive.model_dump()),
         )
     )
     return SeedIdentity(resource="widgets", ref=ref, sha=sha, checkout_backup_id=archive.backup_id)
@@ -90,7 +101,8 @@ def test_fifty_owners_race_for_one_slot_and_exactly_one_is_bound(
     assert all(r.body == refused for r in refusals)  # nothing disclosed
     record = StoreSettings().lifecycle().read("contested")
     assert isinstance(record, Supported)
-    assert record.record.owner == claims[winners[0]]
+    assert record.record.owner is not None
+    assert record.record.owner.model_dump() == claims[winners[0]].model_dump()
     attempts = sorted((stack.data_dir / "slots" / "contested").glob("attempt-*.json"))
     assert [path.name for path in attempts] == ["attempt-1.json"]  # one task launched
 

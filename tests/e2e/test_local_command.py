@@ -14,8 +14,7 @@ from pathlib import Path
 
 from botocore.credentials import Credentials
 
-from seedkeeper.domain.outcomes import Cold
-from seedkeeper_tools.client import SeedkeeperClient
+from seedkeeper_client import Cold, SeedkeeperClient
 
 SEEDKEEPER = str(Path(sys.executable).with_name("seedkeeper"))
 

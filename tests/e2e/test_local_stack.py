@@ -18,11 +18,18 @@ from botocore.credentials import Credentials
 from conftest import running_local_stack
 from executor import ORIGIN, claim_for, client_for, publish
 from repos import git, make_repository
-from seedkeeper.domain.models import OwnerClaim, SeedIdentity
-from seedkeeper.domain.outcomes import Cold, NotSeeded, Seeded
 from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper_client import (
+    ClaimNotEchoed,
+    Cold,
+    NotSeeded,
+    OwnerClaim,
+    Seeded,
+    SeedIdentity,
+    SeedkeeperClient,
+    SeedkeeperRefused,
+)
 from seedkeeper_task.supervisor import CHECKOUT
-from seedkeeper_tools.client import ClaimNotEchoed, SeedkeeperClient, SeedkeeperRefused
 from seedkeeper_tools.local.stack import LocalStack
 
 

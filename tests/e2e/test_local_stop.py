@@ -18,8 +18,8 @@ import pytest
 
 from conftest import SLOT_UIDS_FROM_HERE
 from executor import client_for
-from seedkeeper.domain.outcomes import Cold
 from seedkeeper.domain.runtime import TaskStatus
+from seedkeeper_client import Cold
 from seedkeeper_task.sandbox import user_processes
 from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.runtime import LocalRuntime

@@ -18,12 +18,10 @@ from conftest import running_local_stack
 from executor import ORIGIN, claim_for, client_for, publish
 from repos import git, make_repository
 from seedkeeper.config import StoreSettings
-from seedkeeper.domain.models import SeedIdentity
-from seedkeeper.domain.outcomes import Seeded, Seeding
 from seedkeeper.domain.record import State, Supported
 from seedkeeper.domain.standby import BLANK_POOL, Standby, StandbyState
 from seedkeeper.store.standbys import StandbyStore
-from seedkeeper_tools.client import SeedkeeperClient
+from seedkeeper_client import Seeded, SeedIdentity, Seeding, SeedkeeperClient
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.stack import LocalStack
 

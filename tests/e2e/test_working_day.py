@@ -28,8 +28,7 @@ from botocore.exceptions import ClientError
 from conftest import running_local_stack
 from seedkeeper.adapters import aws
 from seedkeeper.config import StoreSettings
-from seedkeeper.domain.outcomes import Cold
-from seedkeeper_tools.client import SeedkeeperClient
+from seedkeeper_client import Cold, SeedkeeperClient
 from seedkeeper_tools.local.stack import REGION, LocalStack
 
 if TYPE_CHECKING:

@@ -19,11 +19,17 @@ from conftest import Stack, running_local_stack
 from executor import client_for
 from functions import event, invoke
 from seedkeeper.domain import transitions
-from seedkeeper.domain.outcomes import Cold, KeptAlive
 from seedkeeper.domain.record import State, Supported, slot_key
 from seedkeeper.store.lifecycle import Lifecycle
+from seedkeeper_client import (
+    ClaimNotEchoed,
+    Cold,
+    KeptAlive,
+    OwnerClaim,
+    SeedkeeperClient,
+    SeedkeeperRefused,
+)
 from seedkeeper_task.supervisor import CHECKOUT
-from seedkeeper_tools.client import ClaimNotEchoed, SeedkeeperClient, SeedkeeperRefused
 from sessions import injected_session, operations
 from slots import Slots, seed_function
 
@@ -195,6 +201,11 @@ def test_a_body_that_is_not_a_keepalive_is_invalid(stack: Stack, body: dict[str,
     assert (status, answer["error"]) == (400, "invalid-request")
 
 
+def executors_claim() -> OwnerClaim:
+    """The builders' owner, as the executor's client holds it."""
+    return OwnerClaim.model_validate(owner().model_dump())
+
+
 def test_the_client_keeps_a_slot_alive_through_the_local_gateway(
     tmp_path: Path, aws_credentials: None
 ) -> None:
@@ -205,18 +216,19 @@ def test_the_client_keeps_a_slot_alive_through_the_local_gateway(
         assert isinstance(kept, KeptAlive)
         assert (kept.slot, kept.state, kept.frozen) == ("cold-1", "unseeded", False)
         with pytest.raises(SeedkeeperRefused) as refused:
-            client.keepalive("cold-1", owner())
+            client.keepalive("cold-1", executors_claim())
         assert (refused.value.status, refused.value.reason) == (409, "claim-mismatch")
 
 
 def test_a_keepalive_answer_about_another_slot_or_claim_raises() -> None:
-    claim = owner().model_dump(mode="json")
+    asked = executors_claim()
+    claim = asked.model_dump(mode="json")
     fields = {"slot": "slot-2", "state": "seeded", "idle_deadline": 1, "frozen": False}
     text = json.dumps({**fields, "claim": claim}).encode()
-    assert SeedkeeperClient._kept_alive(text, "slot-2", owner()).slot == "slot-2"
-    for slot, asked in (("slot-1", owner()), ("slot-2", None)):
+    assert SeedkeeperClient._kept_alive(text, "slot-2", asked).slot == "slot-2"
+    for slot, claimed in (("slot-1", asked), ("slot-2", None)):
         with pytest.raises(ClaimNotEchoed):
-            SeedkeeperClient._kept_alive(text, slot, asked)
+            SeedkeeperClient._kept_alive(text, slot, claimed)
     cold = json.dumps({**fields, "claim": None}).encode()
     with pytest.raises(ClaimNotEchoed):  # a claimed slot never answers as unclaimed
-        SeedkeeperClient._kept_alive(cold, "slot-2", owner())
+        SeedkeeperClient._kept_alive(cold, "slot-2", asked)

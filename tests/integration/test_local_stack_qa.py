@@ -24,11 +24,10 @@ from botocore.credentials import Credentials
 
 from conftest import running_local_stack
 from seedkeeper.config import StoreSettings
-from seedkeeper.domain.outcomes import Cold
 from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.observability import logger
 from seedkeeper.services.sweep import Report
-from seedkeeper_tools.client import SeedkeeperClient
+from seedkeeper_client import Cold, SeedkeeperClient
 from seedkeeper_tools.local import stack as stack_module
 from seedkeeper_tools.local.gateway import REQUEST_TIMEOUT
 from seedkeeper_tools.local.principals import LocalCredentials

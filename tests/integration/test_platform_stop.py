@@ -34,9 +34,9 @@ from seedkeeper.config import StoreSettings
 from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.opwindow import OpKind
-from seedkeeper.domain.outcomes import Seeded
 from seedkeeper.domain.record import SlotRecord, State, Supported
 from seedkeeper.store.lifecycle import Written
+from seedkeeper_client import Seeded
 from seedkeeper_task.sandbox import user_processes
 from seedkeeper_task.settings import STOP_MARGIN
 from seedkeeper_task.supervisor import CHECKOUT
@@ -207,7 +207,9 @@ class Slot:
         assert record.state is State.PARKED, record
         checkpoint = record.checkpoint
         assert checkpoint is not None
-        assert (checkpoint.owner, checkpoint.incarnation) == (self.claim, self.incarnation)
+        assert checkpoint.owner is not None
+        assert checkpoint.owner.model_dump() == self.claim.model_dump()
+        assert checkpoint.incarnation == self.incarnation
         assert record.expires_at == checkpoint.expires_at
         assert (record.frozen_at, record.loss, record.window.unsettled) == (None, None, 0)
         receipt = self.client.receipt(

@@ -37,9 +37,9 @@ from seedkeeper.domain.record import Loss, SeedSucceeded, SlotRecord, State
 from seedkeeper.domain.transitions import Acknowledged
 from seedkeeper.services.task_start import StartedOp, TaskStart
 from seedkeeper.store.lifecycle import Outcome, Written
+from seedkeeper_client import ClaimNotEchoed, OwnerClaim, SeedkeeperClient
 from seedkeeper_task.capture import capture
 from seedkeeper_task.supervisor import CHECKOUT
-from seedkeeper_tools.client import ClaimNotEchoed, SeedkeeperClient
 from sessions import injected_session, operations
 from slots import Slots, wait_for
 
@@ -286,8 +286,8 @@ def test_the_owner_resumes_its_parked_slot_from_its_checkpoint(
 
     # The resumed answer passes the client's claimed-answer checks; for another claim, not.
     text = json.dumps(answer).encode()
-    claim = parked.owner
-    assert claim is not None
+    assert parked.owner is not None
+    claim = OwnerClaim.model_validate(parked.owner.model_dump())  # as the executor holds it
     slot = answer["slot"]
     assert SeedkeeperClient._seed_answer(text, claim, slot).model_dump(mode="json") == answer
     with pytest.raises(ClaimNotEchoed):

@@ -30,10 +30,10 @@ from seedkeeper.config import StoreSettings
 from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import RetentionSettings, checkpoint_key, new_checkpoint
 from seedkeeper.domain.opwindow import OpKind
-from seedkeeper.domain.outcomes import Seeded
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper.domain.record import SeedFailed, SeedSucceeded, SlotRecord, State, Supported
 from seedkeeper.store.lifecycle import Lifecycle, Outcome, Written
+from seedkeeper_client import Seeded
 from seedkeeper_task.restore.repository import RepositoryFormat, render_config, safe_config
 from seedkeeper_task.settings import TaskSettings
 from seedkeeper_task.supervisor import CHECKOUT, SlotTask

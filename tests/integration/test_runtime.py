@@ -23,14 +23,20 @@ from moto.ecs.models import ecs_backends
 
 from conftest import SLOT_UIDS_FROM_HERE
 from fargate import fargate_cluster
-from seedkeeper.adapters.runtime import DESCRIBE_BATCH, EcsRuntime, RuntimeSettings, started_by
+from seedkeeper.adapters.runtime import (
+    DESCRIBE_BATCH,
+    EcsRuntime,
+    RuntimeSettings,
+    runtime_from,
+    started_by,
+)
 from seedkeeper.api.answers import REFUSALS, refusal_of
 from seedkeeper.domain.caller import task_id
 from seedkeeper.domain.opwindow import Actor, OpRef
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
 from seedkeeper.errors import RuntimeUnavailable
-from seedkeeper_tools.local.docker import slot_container
+from seedkeeper_tools.local.docker import DockerRuntime, slot_container
 from seedkeeper_tools.local.principals import LocalCredentials, TaskKeys
 from seedkeeper_tools.local.runtime import LOCAL_TASK_ENVIRONMENT, LocalRuntime
 
@@ -392,6 +398,26 @@ def test_a_local_task_may_be_given_all_the_task_definition_gives() -> None:
     environment = slot_container()["Environment"]
     assert isinstance(environment, list)
     assert {str(variable["Name"]) for variable in environment} <= set(LOCAL_TASK_ENVIRONMENT)
+
+
+def test_the_configuration_loads_the_local_runtimes_the_tools_install(tmp_path: Path) -> None:
+    """By entry point (`seedkeeper.runtimes`), with the settings they are configured by."""
+    local = runtime_from(RuntimeSettings(runtime="local", data_dir=tmp_path, slot_cpu=1024))
+    docker = runtime_from(RuntimeSettings(runtime="docker", data_dir=tmp_path))
+    assert isinstance(local, LocalRuntime)
+    assert isinstance(docker, DockerRuntime)
+    assert local._cores is not None
+    assert len(local._cores) == 1
+
+
+def test_a_runtime_not_installed_is_unavailable_not_an_import_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The layer alone (Lambda, `sam local invoke`) has no local runtime: a sweep or a seed
+    configured for one is told so, as a refusal it handles."""
+    monkeypatch.setattr("seedkeeper.adapters.runtime.RUNTIME_ENTRY_POINTS", "nothing.here")
+    with pytest.raises(RuntimeUnavailable, match="local runtime is not installed"):
+        runtime_from(RuntimeSettings(runtime="local", data_dir=tmp_path))
 
 
 @pytest.mark.parametrize("name", ["AWS_SESSION_TOKEN", "SEEDKEEPER_R2_SECRET_ACCESS_KEY"])

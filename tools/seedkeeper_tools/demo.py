@@ -36,17 +36,22 @@ from rich.table import Table
 from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
-from seedkeeper.domain.models import OwnerClaim, SeedIdentity
-from seedkeeper.domain.outcomes import Cold, Seeded
 from seedkeeper.domain.record import SlotRecord, State, Supported
 from seedkeeper.domain.runtime import TaskStatus
-from seedkeeper.domain.snapshots import NewSnapshot
 from seedkeeper.domain.standby import BLANK_POOL, Standby, StandbyState
 from seedkeeper.observability import logger
 from seedkeeper.services.sweep import Report
 from seedkeeper.store.standbys import StandbyStore
+from seedkeeper_client import (
+    Archive,
+    Cold,
+    NewSnapshot,
+    OwnerClaim,
+    Seeded,
+    SeedIdentity,
+    SeedkeeperClient,
+)
 from seedkeeper_task.supervisor import CHECKOUT
-from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.stack import LocalStack
@@ -410,7 +415,11 @@ def published_snapshot(repo: Path, resource: str, scratch: Path, r2: R2) -> NewS
     scratch.mkdir(exist_ok=True)
     archive = upload_archive(repo, scratch, backup_id_for(resource, "checkout", sha), r2)
     return NewSnapshot(
-        resource=resource, ref=ref, sha=sha, created_at=int(time.time()), checkout=archive
+        resource=resource,
+        ref=ref,
+        sha=sha,
+        created_at=int(time.time()),
+        checkout=Archive.model_validate(archive.model_dump()),
     )
 
 

@@ -1,6 +1,7 @@
 """Where slot tasks run: ECS Fargate in AWS; on one machine, containers of the slot image
-(`seedkeeper_tools.local.docker`) or local processes (`seedkeeper_tools.local.runtime`).
-One small interface, chosen by configuration; nothing else in Seedkeeper knows which it is.
+or local processes, which the local stack's distribution provides as entry points of the
+group `seedkeeper.runtimes` (the layer never imports the tools that run them). One small
+interface, chosen by configuration; nothing else in Seedkeeper knows which it is.
 
 Launching is idempotent per attempt, so a retried launch never starts a second task: ECS
 by the RunTask client token, Docker by the container's name, the local processes by the
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal, Protocol
 
@@ -94,33 +96,28 @@ class RuntimeSettings(BaseSettings):
     local_task_passthrough: Annotated[tuple[str, ...], AfterValidator(not_a_credential)] = ()
 
 
+# The entry point group naming the local runtimes: each a `(RuntimeSettings) -> SlotRuntime`.
+RUNTIME_ENTRY_POINTS = "seedkeeper.runtimes"
+
+
 def runtime_from(settings: RuntimeSettings, session: Session | None = None) -> SlotRuntime:
     """The runtime `settings` name; ECS's client from `session` (None: the process's)."""
-    # The local stack's runtimes: on the developer's machine, never in Lambda.
-    try:
-        if settings.runtime == "docker":
-            from seedkeeper_tools.local.docker import DockerRuntime  # noqa: PLC0415
-
-            return DockerRuntime(
-                settings.data_dir,
-                settings.slot_image,
-                passthrough=settings.local_task_passthrough,
-                cpu=settings.slot_cpu,
-            )
-        if settings.runtime == "local":
-            from seedkeeper_tools.local.runtime import LocalRuntime  # noqa: PLC0415
-
-            return LocalRuntime(
-                settings.data_dir,
-                slot_uids_from=settings.local_slot_uids_from,
-                passthrough=settings.local_task_passthrough,
-                cpu=settings.slot_cpu,
-            )
-    except ImportError as missing:  # the layer alone (`sam local invoke`): no local runtime
-        raise RuntimeUnavailable(f"the {settings.runtime} runtime is not installed") from missing
+    if settings.runtime != "ecs":
+        return installed_runtime(settings.runtime)(settings)
     if not settings.cluster:
         raise RuntimeUnavailable("ecs runtime needs a cluster")
     return EcsRuntime(aws.client(session or aws.session(), "ecs"), settings)
+
+
+def installed_runtime(name: str) -> Callable[[RuntimeSettings], SlotRuntime]:
+    """The local stack's runtime `name`, from the entry points installed here: on the
+    developer's machine, never in Lambda (the layer alone, as `sam local invoke` runs it,
+    has none)."""
+    found = entry_points(group=RUNTIME_ENTRY_POINTS, name=name)
+    if not found:
+        raise RuntimeUnavailable(f"the {name} runtime is not installed")
+    factory: Callable[[RuntimeSettings], SlotRuntime] = next(iter(found)).load()
+    return factory
 
 
 def started_by(slot: str) -> str:

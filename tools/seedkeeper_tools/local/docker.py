@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from seedkeeper.adapters.runtime import not_a_credential, started_by
+from seedkeeper.adapters.runtime import RuntimeSettings, not_a_credential, started_by
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.runtime import RUNNING, UNKNOWN, Launch, TaskState, TaskStatus
 from seedkeeper.domain.standby import STANDBY_VARIABLE, StandbyPlan
@@ -73,6 +73,17 @@ def slot_container() -> dict[str, object]:
 
 
 class DockerRuntime:
+    @classmethod
+    def from_settings(cls, settings: RuntimeSettings) -> DockerRuntime:
+        """The runtime `SEEDKEEPER_RUNTIME=docker` names (the `seedkeeper.runtimes` entry
+        point the layer loads)."""
+        return cls(
+            settings.data_dir,
+            settings.slot_image,
+            passthrough=settings.local_task_passthrough,
+            cpu=settings.slot_cpu,
+        )
+
     def __init__(
         self,
         data_dir: Path,

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from seedkeeper.adapters.runtime import SLOT_UIDS_FROM, not_a_credential
+from seedkeeper.adapters.runtime import SLOT_UIDS_FROM, RuntimeSettings, not_a_credential
 from seedkeeper.domain.plan import PLAN_VARIABLE, SlotPlan
 from seedkeeper.domain.runtime import RUNNING, UNKNOWN, Launch, TaskState, TaskStatus
 from seedkeeper.domain.standby import LOCAL_STANDBY_PREFIX, STANDBY_VARIABLE, StandbyPlan
@@ -111,6 +111,17 @@ class LocalRuntime:
     workspace, so one slot's sandbox can neither write another's tree nor outlive its stop
     (every process of that uid is ended with the task). A sandbox cannot list the slots, or
     read a task's log or record."""
+
+    @classmethod
+    def from_settings(cls, settings: RuntimeSettings) -> LocalRuntime:
+        """The runtime `SEEDKEEPER_RUNTIME=local` names (the `seedkeeper.runtimes` entry
+        point the layer loads)."""
+        return cls(
+            settings.data_dir,
+            slot_uids_from=settings.local_slot_uids_from,
+            passthrough=settings.local_task_passthrough,
+            cpu=settings.slot_cpu,
+        )
 
     def __init__(
         self,

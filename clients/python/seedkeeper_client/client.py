@@ -1,5 +1,5 @@
-"""The executor's side: `SeedkeeperClient` signs every request with SigV4 (service
-`lambda`), as function URLs with `AWS_IAM` auth require, and checks what comes back.
+"""`SeedkeeperClient` signs every request with SigV4 (service `lambda`), as function URLs
+with `AWS_IAM` auth require, and checks what comes back.
 
 A claimed seed answer (a resumed one too) must echo the claim and carry an incarnation; a
 keepalive answer must be about the slot kept alive; anything else raises. It never falls
@@ -14,25 +14,26 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-import boto3
 from botocore.credentials import Credentials, ReadOnlyCredentials
+from botocore.session import get_session
 
-from seedkeeper.domain.models import OwnerClaim, SeedIdentity
-from seedkeeper.domain.outcomes import (
+from seedkeeper_client.models import (
     Cold,
     Evidence,
     KeptAlive,
+    NewSnapshot,
     NotSeeded,
+    OwnerClaim,
     Payment,
     Receipt,
     Recorded,
+    SeedAnswer,
     Seeded,
+    SeedIdentity,
     Seeding,
     SnapshotStatus,
 )
-from seedkeeper.domain.snapshots import NewSnapshot
-from seedkeeper.errors import SeedkeeperError
-from seedkeeper_task import function_url
+from seedkeeper_client.transport import SeedkeeperError, signed_call
 
 # The function answering each path, when each function has its own URL.
 FUNCTIONS = {
@@ -44,11 +45,9 @@ FUNCTIONS = {
 }
 FINAL_TIMEOUT = 300.0
 
-SeedAnswer = Seeded | NotSeeded | Cold | Seeding
-
 
 class SeedkeeperRefused(SeedkeeperError):
-    """A 4xx or 5xx answer; `reason` is its reason token."""
+    """A 4xx or 5xx answer; `reason` is its reason token (a refusal's `error`)."""
 
     def __init__(self, status: int, reason: str, body: Any) -> None:
         super().__init__(f"{status} {reason}")
@@ -68,7 +67,9 @@ class SeedkeeperClient:
         timeout: float = 30.0,
     ) -> None:
         """`base_url` is one URL for every route (the local stack), or one per function
-        (`seed`, `receipt`, `slot_evidence`, `rotation`) as a deployment outputs them."""
+        (`seed`, `receipt`, `slot_evidence`, `rotation`) as a deployment outputs them.
+        `credentials` None: botocore's chain (the environment, a profile, a role), read
+        at each call, so refreshed ones are used."""
         self._urls = base_url
         self._region = region
         self._credentials = credentials
@@ -108,14 +109,15 @@ class SeedkeeperClient:
     def keepalive(self, slot: str, claim: OwnerClaim | None) -> KeptAlive:
         """Extend `slot`'s idle deadline without a seed body (`claim` None: a cold slot's).
         Idle means no seed call and no keepalive for the idle window: work done in the slot
-        without either does not keep it (one conditional write each, no read). A slot being
-        checkpointed is asked back, as a poll asks: `frozen` until it runs."""
+        without either does not keep it. A slot being checkpointed is asked back, as a poll
+        asks: `frozen` until it runs."""
         body = {"slot": slot, "claim": claim.model_dump(mode="json") if claim else None}
         return self._kept_alive(self._call("POST", "/keepalive", body), slot, claim)
 
     def receipt(
         self, slot: str, *, claim: OwnerClaim, seed: SeedIdentity, incarnation: str
     ) -> Receipt:
+        """Whether `slot`'s checkpoint is present, lost or unknown; it wakes nothing."""
         body = {
             "slot": slot,
             "claim": claim.model_dump(mode="json"),
@@ -125,6 +127,7 @@ class SeedkeeperClient:
         return Receipt.model_validate_json(self._call("POST", "/receipt", body))
 
     def slot_evidence(self, slot: str, *, claim: OwnerClaim) -> Evidence:
+        """Exact-slot facts; never a permit to stop the slot."""
         body = {"slot": slot, "claim": claim.model_dump(mode="json")}
         return Evidence.model_validate_json(self._call("POST", "/slot-evidence", body))
 
@@ -154,9 +157,9 @@ class SeedkeeperClient:
         """A slot answer (cold, seeding, seeded) must echo the claim asked with, with an
         incarnation when there is one, and a cold or seeding one must name the slot asked
         about: a claimed slot is never taken for cold, nor one slot for another."""
-        answer = json.loads(text)
+        answer = _json_object(text)
         if answer.get("seeded") is False and answer.get("state") != "unseeded":
-            return NotSeeded.model_validate_json(text)
+            return NotSeeded.model_validate(answer)
         kind: type[Cold] | type[Seeded] | type[Seeding] = (
             Cold
             if answer.get("state") == "unseeded"
@@ -164,10 +167,10 @@ class SeedkeeperClient:
             if answer.get("seeded")
             else Seeding
         )
-        parsed = kind.model_validate_json(text)
+        parsed = kind.model_validate(answer)
         if isinstance(parsed, Cold | Seeding) and parsed.slot != slot:
             raise ClaimNotEchoed("the seed answer is about another slot")
-        if parsed.claim != claim or (claim is not None and not parsed.incarnation):
+        if not _same_claim(parsed.claim, claim) or (claim is not None and not parsed.incarnation):
             raise ClaimNotEchoed("the seed answer does not echo this claim with an incarnation")
         return parsed
 
@@ -176,7 +179,7 @@ class SeedkeeperClient:
         """An answer about another slot, or that does not echo the claim, proves nothing
         about this one."""
         answer = KeptAlive.model_validate_json(text)
-        if answer.slot != slot or answer.claim != claim:
+        if answer.slot != slot or not _same_claim(answer.claim, claim):
             raise ClaimNotEchoed("the keepalive answer does not echo this slot and claim")
         return answer
 
@@ -190,12 +193,16 @@ class SeedkeeperClient:
         self, method: str, path: str, body: Any = None, *, function: str | None = None
     ) -> bytes:
         """The answer's JSON text; a 4xx or 5xx raises SeedkeeperRefused."""
-        credentials = self._credentials or boto3.Session().get_credentials()
+        credentials = self._credentials or get_session().get_credentials()
         if credentials is None:
             raise SeedkeeperError("no AWS credentials to sign with")
-        url = self._url(path, function)
-        status, payload = function_url.call(
-            method, url, body, credentials=credentials, region=self._region, timeout=self._timeout
+        status, payload = signed_call(
+            method,
+            self._url(path, function),
+            body,
+            credentials=credentials,
+            region=self._region,
+            timeout=self._timeout,
         )
         if status < 400:
             return payload
@@ -203,5 +210,24 @@ class SeedkeeperClient:
             detail = json.loads(payload)
         except ValueError:
             detail = {"error": payload.decode(errors="replace")[:200]}
+        if not isinstance(detail, dict):
+            detail = {"error": str(detail)[:200]}
         reason = detail.get("error") or detail.get("message") or "unknown"
         raise SeedkeeperRefused(status, str(reason), detail)
+
+
+def _json_object(text: bytes) -> dict[str, Any]:
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        raise SeedkeeperError("the answer is not JSON") from None
+    if not isinstance(answer, dict):
+        raise SeedkeeperError("the answer is not a JSON object")
+    return answer
+
+
+def _same_claim(echoed: OwnerClaim | None, asked: OwnerClaim | None) -> bool:
+    """Field for field (the caller's claim may be a model of its own with the same fields)."""
+    if echoed is None or asked is None:
+        return echoed is asked
+    return echoed.model_dump() == asked.model_dump()

@@ -1,0 +1,55 @@
+"""The executor's client for Seedkeeper's function URLs: `SeedkeeperClient` and the models
+it sends and reads."""
+
+from seedkeeper_client.client import ClaimNotEchoed, SeedkeeperClient, SeedkeeperRefused
+from seedkeeper_client.models import (
+    Archive,
+    CheckpointState,
+    Cold,
+    DepsEntry,
+    Evidence,
+    KeptAlive,
+    NewSnapshot,
+    NotSeeded,
+    ObjectCounts,
+    OwnerClaim,
+    Payment,
+    Receipt,
+    Recorded,
+    SeedAnswer,
+    Seeded,
+    SeedHandle,
+    SeedIdentity,
+    Seeding,
+    Snapshot,
+    SnapshotStatus,
+)
+from seedkeeper_client.transport import SeedkeeperError, Unreachable
+
+__all__ = [
+    "Archive",
+    "CheckpointState",
+    "ClaimNotEchoed",
+    "Cold",
+    "DepsEntry",
+    "Evidence",
+    "KeptAlive",
+    "NewSnapshot",
+    "NotSeeded",
+    "ObjectCounts",
+    "OwnerClaim",
+    "Payment",
+    "Receipt",
+    "Recorded",
+    "SeedAnswer",
+    "SeedHandle",
+    "SeedIdentity",
+    "Seeded",
+    "Seeding",
+    "SeedkeeperClient",
+    "SeedkeeperError",
+    "SeedkeeperRefused",
+    "Snapshot",
+    "SnapshotStatus",
+    "Unreachable",
+]

@@ -1,0 +1,54 @@
+"""A call to a Lambda function URL with `AWS_IAM` auth: JSON in, the status and body out,
+signed with SigV4 (service `lambda`). The executor's client calls through here, and so does
+the slot task (its task role, to the checkpoint function). The URL is never in an error."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials, ReadOnlyCredentials
+
+
+class SeedkeeperError(Exception):
+    """Anything the client raises of its own."""
+
+
+class Unreachable(SeedkeeperError, ConnectionError):
+    """No answer (refused, reset, timed out): the message names the cause, never the URL."""
+
+
+def signed_call(
+    method: str,
+    url: str,
+    body: Any,
+    *,
+    credentials: Credentials | ReadOnlyCredentials,
+    region: str,
+    timeout: float,
+) -> tuple[int, bytes]:
+    """The answer's status and body, a 4xx or 5xx included."""
+    data = json.dumps(body).encode() if body is not None else b""
+    request = AWSRequest(
+        method=method,
+        url=url,
+        data=data,
+        headers={"Content-Type": "application/json"} if body is not None else {},
+    )
+    SigV4Auth(credentials, "lambda", region).add_auth(request)
+    prepared = urllib.request.Request(  # noqa: S310 - the caller's configured URL
+        url, data=data or None, method=method, headers=dict(request.headers.items())
+    )
+    try:
+        with urllib.request.urlopen(prepared, timeout=timeout) as response:  # noqa: S310
+            answer: bytes = response.read()
+            return response.status, answer
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read()
+    except (urllib.error.URLError, OSError) as failed:
+        reason = getattr(failed, "reason", failed)
+        raise Unreachable(type(reason).__name__) from None
