@@ -51,7 +51,7 @@ class StoreSettings(BaseSettings):
     dynamodb_endpoint: str | None = None  # a local stand-in (moto); None means AWS
     # Shards of the sweep's index a live record spreads over: every writer of a record and
     # the sweep read the same count. It may grow; the sweep keeps querying the most it ever
-    # used, so lowering it saves nothing (README, "The idle sweep").
+    # used, so lowering it saves nothing (docs/concepts/sweep.md, "The shard count").
     sweep_shards: Annotated[int, Field(ge=1, le=MAX_SWEEP_SHARDS)] = SWEEP_SHARDS
 
     def table_resource(

@@ -39,7 +39,7 @@ class TaskSettings(BaseSettings):
     slot_gid: int | None = None
     sandbox_command: tuple[str, ...] = ()  # argv (JSON list); empty: wait until stopped
     # How often a standby asks for its assignment: a seed that takes it waits half this
-    # long on average (README, "Standby slots", prices each ask).
+    # long on average (docs/concepts/standby.md, "How one waits", prices each ask).
     standby_poll: Annotated[float, Field(gt=0, le=60)] = 0.25
     # The task's CPU units (the template's SlotCpu; 1024 a vCPU). A Fargate task sees more
     # processors than it may use, and an extractor or capture running a thread per
