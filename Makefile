@@ -6,14 +6,16 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 IAM_NODE := tests/iam/node
 IAM_STAMP := $(IAM_NODE)/node_modules/.installed
+TS_CLIENT := clients/typescript
+TS_STAMP := $(TS_CLIENT)/node_modules/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup system-packages test unit lint format pr clean demo docs sam-validate image docker-packages lambda-image sam-cli sam-local-build
+.PHONY: help setup system-packages test unit lint format pr clean demo docs client-ts sam-validate image docker-packages lambda-image sam-cli sam-local-build
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-setup: system-packages $(STAMP) $(IAM_STAMP) ## Create .venv with the project and its dev tools, and the IAM check's evaluator; install git, squashfs-tools and node if missing
+setup: system-packages $(STAMP) $(IAM_STAMP) $(TS_STAMP) ## Create .venv with the project, the Python client and the dev tools, the IAM check's evaluator and the TypeScript client's packages; install git, squashfs-tools and node if missing
 
 # Installs the Debian packages of the commands missing here (with apt-get, as root), or
 # says which to install: $(call apt-packages,command:package ...). /usr/sbin counts too:
@@ -64,6 +66,17 @@ $(DOCS_STAMP): pyproject.toml $(STAMP)
 
 docs: $(DOCS_STAMP) ## Build the documentation site into site/ (mkdocs build --strict)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The TypeScript client's packages (aws4fetch; tsc), exactly as package-lock.json pins them;
+# npm ci also builds dist/ (the package's prepare script). `make test` runs its tests
+# against the local stack (tests/e2e/test_typescript_client.py).
+$(TS_STAMP): $(TS_CLIENT)/package-lock.json $(TS_CLIENT)/package.json
+	npm ci --prefix $(TS_CLIENT) --no-audit --no-fund --silent
+	touch $@
+
+client-ts: setup ## Build the TypeScript client (tsc) and run its tests: node --test, then against the local stack
+	npm test --prefix $(TS_CLIENT)
+	$(BIN)/pytest tests/e2e/test_typescript_client.py $(PYTEST_ARGS)
 
 # The slot task's image (functions/seed_task/Dockerfile) as SLOT_IMAGE; the container
 # tests build it the same way. Its base: the public Python 3.13 slim image, or one made
@@ -139,7 +152,7 @@ bench-packages:
 	$(call apt-packages,nginx:nginx curl:curl aria2c:aria2 openssl:openssl zstd:zstd ip:iproute2 tc:iproute2 cc:gcc skopeo:skopeo docker-registry:docker-registry)
 
 clean: ## Remove the virtualenvs, the IAM evaluator's packages and caches
-	rm -rf $(VENV) $(CHECKOV_VENV) $(IAM_NODE)/node_modules .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) $(IAM_NODE)/node_modules $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist .mypy_cache .ruff_cache .pytest_cache
 
 # SAM CLI pins an old boto3: it gets its own virtualenv. `sam build` needs a python3.13.
 SAM_VENV := .sam-venv
