@@ -72,12 +72,13 @@ from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.stack import LocalStack
 
 if TYPE_CHECKING:
+    from benchmarks import harness, slot_task, workload
     from benchmarks import image as image_bench
-    from benchmarks import links, restore
-else:  # the script's own folder is on sys.path: the restore and image benchmarks
+else:  # the script's own folder is on sys.path: the harness, the snapshot, the image benchmark
+    import harness
     import image as image_bench
-    import links
-    import restore
+    import slot_task
+    import workload
 
 Path_ = Literal["standby", "pre-seeded", "cold, image present", "cold, image loaded"]
 Runtime = Literal["process", "docker"]
@@ -117,10 +118,6 @@ class Run:
     steps_ms: dict[str, int]
 
 
-class BenchBroken(Exception):
-    pass
-
-
 def cells(docker: bool) -> list[Cell]:
     found: list[Cell] = []
     for vcpus in (1, 2):
@@ -158,16 +155,16 @@ def stack_for(cell: Cell, root: Path, image: str) -> Iterator[LocalStack]:
 
 
 def published(
-    client: SeedkeeperClient, case: restore.Input, nginx: links.Nginx, bucket: str
+    client: SeedkeeperClient, case: workload.Input, nginx: harness.Nginx, bucket: str
 ) -> SeedIdentity:
     """The snapshot recorded (its archives served by nginx, where the grants now point)."""
     for archived in case.archives:
         key = backup_key(archived.backup_id)
-        restore.serve_object(nginx.root, key, archived.path, bucket=bucket)
+        harness.serve_object(nginx.root, key, archived.path, bucket=bucket)
     client.publish(
         NewSnapshot(
             resource=RESOURCE,
-            ref=restore.REF,
+            ref=workload.REF,
             sha=case.commit,
             created_at=int(time.time()),
             checkout=case.checkout.archive,
@@ -179,7 +176,7 @@ def published(
     os.environ["SEEDKEEPER_R2_ENDPOINT"] = nginx.endpoint
     return SeedIdentity(
         resource=RESOURCE,
-        ref=restore.REF,
+        ref=workload.REF,
         sha=case.commit,
         checkout_backup_id=case.checkout.backup_id,
         deps_backup_id=case.deps.backup_id,
@@ -195,7 +192,7 @@ def wait_free(pool: str, timeout: float = FIRST_COMMAND_TIMEOUT) -> str:
             if standby.state is StandbyState.FREE and standby.incarnation is not None:
                 return standby.incarnation
         time.sleep(0.05)
-    raise BenchBroken(f"no standby of {pool} was free in {timeout:.0f} s")
+    raise harness.BenchError(f"no standby of {pool} was free in {timeout:.0f} s")
 
 
 SANDBOX_LINE = re.compile(r'"message":"sandbox output".*?"line":"([0-9]+\.[0-9]+)"')
@@ -218,7 +215,7 @@ def first_command_at(stack: LocalStack, incarnation: str, timeout: float) -> flo
         if found:
             return float(found.group(1))
         time.sleep(0.02)
-    raise BenchBroken(f"{incarnation}: no sandbox output in {timeout:.0f} s")
+    raise harness.BenchError(f"{incarnation}: no sandbox output in {timeout:.0f} s")
 
 
 @contextmanager
@@ -248,7 +245,7 @@ def engine_on(root: Path, cell: Cell, saved: Path) -> Iterator[None]:
 
 
 def one_run(
-    cell: Cell, case: restore.Input, nginx: links.Nginx, root: Path, *, image: str, saved: Path
+    cell: Cell, case: workload.Input, nginx: harness.Nginx, root: Path, *, image: str, saved: Path
 ) -> Run:
     with engine_on(root, cell, saved), stack_for(cell, root, image) as stack:
         client = SeedkeeperClient(
@@ -266,43 +263,44 @@ def one_run(
             docker("image", "rm", "--force", image)
         claim = OwnerClaim(
             run="bench", requester="bench", thread="bench", repository="bench/synthetic",
-            ref=restore.REF, head=case.commit,
+            ref=workload.REF, head=case.commit,
         )  # fmt: skip
         started = time.time()
         if cell.path == "cold, image loaded":  # Fargate pulls the whole image first
             docker("load", "--quiet", "--input", str(saved))
-        answer = client.seed("slot-1", seed, claim=claim, origin=restore.ORIGIN)
+        answer = client.seed("slot-1", seed, claim=claim, origin=workload.ORIGIN)
         incarnation = answer.incarnation if isinstance(answer, Seeding) else None
         if incarnation is None or (waiting is not None and incarnation != waiting):
-            raise BenchBroken(f"{cell.label}: not the path measured: {answer}")
+            raise harness.BenchError(f"{cell.label}: not the path measured: {answer}")
         ran = first_command_at(stack, incarnation, FIRST_COMMAND_TIMEOUT)
         classified = StoreSettings().lifecycle().read("slot-1")
         result = classified.record.result if isinstance(classified, Supported) else None
         if not isinstance(result, SeedSucceeded):
-            raise BenchBroken(f"{cell.label}: not seeded: {classified}")
+            raise harness.BenchError(f"{cell.label}: not seeded: {classified}")
         if cell.path == "pre-seeded" and "bind" not in result.steps:
-            raise BenchBroken(f"{cell.label}: restored, not bound: {result.steps}")
+            raise harness.BenchError(f"{cell.label}: restored, not bound: {result.steps}")
         return Run(ran - started, result.ms / 1000, dict(result.steps))
 
 
 def docker(*args: str) -> None:
     done = subprocess.run(["docker", *args], capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise BenchBroken(f"docker {args[0]}: {done.stderr.strip()[-300:]}")
+        raise harness.BenchError(f"docker {args[0]}: {done.stderr.strip()[-300:]}")
 
 
 def measure(
     console: Console,
-    case: restore.Input,
+    case: workload.Input,
     rate: str | None,
     rounds: int,
     image: str,
     *,
     with_docker: bool,
 ) -> dict[Cell, list[Run]]:
-    workdir = Path(tempfile.gettempdir()) / "seedkeeper-bench"
-    disks = restore.Disks()
-    nginx = links.Nginx(workdir / "archives", workdir, limit_rate=rate, home="nginx-first")
+    workdir = harness.default_workdir()
+    disks = harness.Disks()
+    nginx = harness.Nginx(workdir / "archives", workdir, limit_rate=rate, home="nginx-first")
+    rng = random.Random()  # noqa: S311 - orders, not secrets; not seeded (nor recorded)
     saved = workdir / "slot-image.tar"
     if with_docker:
         docker("save", "--output", str(saved), image)
@@ -310,21 +308,15 @@ def measure(
     nginx.start()
     try:
         for number in range(rounds + 1):  # the first: untimed, a warm-up of every cell
-            order = list(results)
-            random.shuffle(order)
-            for cell in order:
+            for cell in harness.shuffled(list(results), rng):
                 folder = workdir / "runs" / f"first-{secrets.token_hex(4)}"
-                folder.mkdir(parents=True)
                 # A container cell's engine keeps the image (twice: layers and snapshot).
-                capacity = restore.capacity(case) + (
+                capacity = workload.capacity(case) + (
                     ENGINE_BYTES if cell.runtime == "docker" else 0
                 )
-                try:
-                    with disks.fresh(folder, capacity) as root:
-                        os.chmod(root, 0o711)  # noqa: S103 - slot users reach their workspaces
-                        run = one_run(cell, case, nginx, root, image=image, saved=saved)
-                finally:
-                    shutil.rmtree(folder, ignore_errors=True)
+                with disks.run(folder, capacity) as root:
+                    os.chmod(root, 0o711)  # noqa: S103 - slot users reach their workspaces
+                    run = one_run(cell, case, nginx, root, image=image, saved=saved)
                 if number:
                     results[cell].append(run)
                 console.print(
@@ -340,7 +332,7 @@ def measure(
 
 
 def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})"
+    return harness.spread(values, unit=" s")
 
 
 def image_megabytes(image: str) -> tuple[float, float] | None:
@@ -363,20 +355,20 @@ def image_megabytes(image: str) -> tuple[float, float] | None:
 def report(
     console: Console,
     results: dict[Cell, list[Run]],
-    case: restore.Input,
+    case: workload.Input,
     rate: str | None,
     *,
     image: str,
-    disks: restore.Disks,
+    disks: harness.Disks,
 ) -> dict[str, object]:
     table = Table(title=f"first seed call to the sandbox command running ({case.label})")
     for column in ("path", "runtime", "shape", "first command", "restore (its share)", "target"):
         table.add_column(column, justify="left" if column in {"path", "runtime"} else "right")
-    summary: dict[str, object] = {"size": case.label, "rate": restore.rate_label(rate)}
+    summary: dict[str, object] = {"size": case.label, "rate": harness.rate_label(rate)}
     for cell, runs in results.items():
         firsts = [run.first_command_s for run in runs]
         restores = [run.restore_s for run in runs]
-        share = statistics.median(r / f for r, f in zip(restores, firsts, strict=True))
+        share = statistics.median(harness.ratios(restores, firsts))
         over = [run.first_command_s - run.restore_s for run in runs]
         if cell.path == "standby":
             met = statistics.median(over) <= 0.5
@@ -398,13 +390,13 @@ def report(
         )
         summary[cell.label] = [asdict(run) for run in runs]
     console.print(table)
-    parts = 8  # the task's download_parts: ranges of each archive at once
+    parts = slot_task.TASK_PARTS  # the task's download_parts: ranges of each archive at once
     if rate is not None:
-        per_connection = links.rate_bytes(rate)
+        per_connection = harness.rate_bytes(rate)
         floor = max(archived.size for archived in case.archives) / (parts * per_connection)
         console.print(
             f"physical floor of the download: the larger archive in {parts} ranges at "
-            f"{restore.rate_label(rate)}: {floor:.2f} s (both archives come at once)"
+            f"{harness.rate_label(rate)}: {floor:.2f} s (both archives come at once)"
         )
     sizes = image_megabytes(image)
     if sizes is not None:
@@ -420,7 +412,7 @@ def report(
         summary["image_mb"] = {"uncompressed": unpacked, "gzip": packed, "fargate_start_s": start}
     console.print(
         f"[dim]disk: {disks.description}; archives from nginx on loopback, "
-        f"{restore.rate_label(rate)}; each container cell on a Docker engine of its own, its "
+        f"{harness.rate_label(rate)}; each container cell on a Docker engine of its own, its "
         "data on that ext4[/dim]"
     )
     return summary
@@ -428,13 +420,13 @@ def report(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--size", type=restore.size_for, default=restore.size_for("300 MB"))
+    parser.add_argument("--size", type=workload.size_for, default=workload.size_for("300 MB"))
     parser.add_argument("--rate", default="50m", help="nginx limit_rate per connection, or none")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--image", default=DEFAULT_IMAGE)
     options = parser.parse_args(argv)
-    console = Console(width=max(Console().width, 160))
-    (rate,) = restore.parse_rates([options.rate])
+    console = harness.console(160)
+    (rate,) = harness.parse_rates([options.rate])
     logger.setLevel("WARNING")
     os.environ["POWERTOOLS_METRICS_DISABLED"] = "true"
     with_docker = (
@@ -446,18 +438,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not with_docker:
         console.print(f"no Docker engine or no image {options.image}: processes only")
-    workdir = Path(tempfile.gettempdir()) / "seedkeeper-bench"
-    case = restore.build_input(options.size, workdir, console)
-    disks = restore.Disks()
+    workdir = harness.default_workdir()
+    case = workload.build_input(options.size, workdir, console)
+    disks = harness.Disks()
     try:
         results = measure(
             console, case, rate, options.rounds, options.image, with_docker=with_docker
         )
-    except (BenchBroken, links.BenchError) as broken:
-        console.print(f"[red]the benchmark could not measure:[/red] {broken}")
+    except harness.BenchError as broken:
+        harness.could_not_measure(console, broken)
         return 1
     summary = report(console, results, case, rate, image=options.image, disks=disks)
-    (workdir / "first-command-results.json").write_text(json.dumps(summary, indent=1))
+    harness.write_json(workdir / "first-command-results.json", summary, indent=1)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The links and the CPU shapes the restore, resume and checkpoint benchmarks measure on.
+"""The links the restore, resume, checkpoint and first-command benchmarks measure on.
 
 Links (`LINKS`), each an nginx serving (and, for the checkpoint, storing) objects from this
 machine's page cache; traffic never leaves the machine:
@@ -23,14 +23,6 @@ machine's page cache; traffic never leaves the machine:
 
 Each link prints its floor (`LinkSpec.floor_s`): the least time it can deliver a set of
 objects, whatever the client does.
-
-CPU shapes (`CpuShape`): an ECS task's CPU is a CFS quota on its cgroup (Docker's
-`--cpus`; a Fargate task at 1 vCPU may see more cores than it may use). A shape makes a
-cgroup of its own with `cpu.cfs_quota_us` (v1) or `cpu.max` (v2) of that many cores, and
-`wrap`s a command so that it and all it starts run inside; nginx, moto and the benchmark's
-own process (the checkpoint function) stay outside, as R2 and AWS's side are not the
-task's. Without a writable cgroup (not root), `taskset` pins the command to that many
-cores instead, and `description` says so.
 """
 
 from __future__ import annotations
@@ -38,19 +30,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import random
+import re
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TypeVar
+from pathlib import Path, PurePosixPath
+
+from .runs import BenchError, free_port, run_checked, stop_process
 
 PER_CONNECTION_RATE = "50m"  # nginx's syntax: MiB/s
 TOTAL_RATE = 125_000_000  # bytes/s each way: 1 Gbit/s
@@ -60,12 +51,8 @@ HTTPS_ROUND_TRIPS = 3
 # What of a capped wire's bytes is payload: a full segment's 1,448 bytes (MSS with TCP
 # timestamps) of its 1,500-byte IP packet, which tbf counts.
 GOODPUT = 1448 / 1500
-DELAYLINE_SOURCE = Path(__file__).with_name("delayline.c")
+DELAYLINE_SOURCE = Path(__file__).resolve().parents[1] / "delayline.c"  # benchmarks/
 NAMESPACE_PREFIX = "skbench"
-
-
-class BenchError(Exception):
-    """The benchmark could not measure (a set-up failed, a run did not do its work)."""
 
 
 @dataclass(frozen=True)
@@ -114,19 +101,6 @@ LINKS = {
 def rate_bytes(rate: str) -> int:
     """An nginx rate ("50m") in bytes per second (its units are binary)."""
     return int(rate.rstrip("km")) * {"k": 1024, "m": 1024**2}.get(rate[-1], 1)
-
-
-def run_checked(argv: Sequence[str], *, timeout: float = 60.0) -> None:
-    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise BenchError(f"{argv[0]} exited {done.returncode}: {done.stderr[-500:]}")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 # -- the server ------------------------------------------------------------------------------
@@ -199,7 +173,7 @@ class Nginx:
         self.host = host
         self.netns = netns
         self.certificate = certificate
-        self.port = _free_port()
+        self.port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -300,13 +274,7 @@ http {{
                 time.sleep(0.1)
 
     def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        stop_process(self._process, grace=10)
 
 
 class Namespace:
@@ -419,145 +387,38 @@ def served(
             namespace.stop()
 
 
-# -- the task's CPU --------------------------------------------------------------------------
-
-CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
-CGROUP_V2 = Path("/sys/fs/cgroup")
-QUOTA_PERIOD_US = 100_000
-
-
-class CpuShape:
-    """`count` vCPUs as ECS gives a task them: a CFS quota of `count` cores on a cgroup of
-    its own (or, without one, `taskset` to `count` cores)."""
-
-    def __init__(self, count: int) -> None:
-        if not 1 <= count <= (os.cpu_count() or 1):
-            raise BenchError(f"{count} vCPU: this machine has {os.cpu_count()} cores")
-        self.count = count
-        self.cgroup: Path | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.count} vCPU"
-
-    @property
-    def task_environment(self) -> dict[str, str]:
-        """What the template tells a task of this CPU (its SlotCpu, 1024 units a vCPU)."""
-        return {"SEEDKEEPER_CPU_UNITS": str(self.count * 1024)}
-
-    @property
-    def description(self) -> str:
-        if self.cgroup is not None:
-            return f"{self.label}: CFS quota {self.count} x {QUOTA_PERIOD_US} us per period"
-        return f"{self.label}: taskset to {self.count} cores (no writable cgroup)"
-
-    def start(self) -> None:
-        name = f"seedkeeper-bench-{self.count}cpu-{os.getpid()}"
-        quota = str(self.count * QUOTA_PERIOD_US)
-        with contextlib.suppress(OSError):
-            if (CGROUP_V1 / "cpu.cfs_quota_us").exists():
-                group = CGROUP_V1 / name
-                group.mkdir(exist_ok=True)
-                (group / "cpu.cfs_period_us").write_text(str(QUOTA_PERIOD_US))
-                (group / "cpu.cfs_quota_us").write_text(quota)
-                self.cgroup = group
-            elif "cpu" in (CGROUP_V2 / "cgroup.controllers").read_text().split():
-                group = CGROUP_V2 / name
-                group.mkdir(exist_ok=True)
-                (group / "cpu.max").write_text(f"{quota} {QUOTA_PERIOD_US}")
-                self.cgroup = group
-
-    def wrap(self, argv: Sequence[str]) -> list[str]:
-        """`argv` run inside this shape: it moves itself into the cgroup, then execs."""
-        if self.cgroup is None:
-            return ["taskset", "-c", f"0-{self.count - 1}", *argv]
-        procs = str(self.cgroup / "cgroup.procs")
-        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, *argv]
-
-    def stop(self) -> None:
-        if self.cgroup is not None:
-            for _ in range(50):  # its last processes may still be leaving
-                try:
-                    self.cgroup.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
-            self.cgroup = None
+def serve_object(root: Path, key: str, source: Path, *, bucket: str) -> None:
+    """Lay `source` where an nginx serving `root` answers a presigned GET of `bucket`'s
+    `key`: R2's URLs are path-style, `{endpoint}/{bucket}/{key}?X-Amz-...`, and nginx
+    ignores the query. A hard link (no copy), laid afresh: a rebuilt `source` is a new file."""
+    folder = root
+    for part in (bucket, *PurePosixPath(key).parent.parts):
+        folder /= part
+        folder.mkdir(exist_ok=True)
+        folder.chmod(0o755)  # nginx's workers read it as an unprivileged user
+    target = root / bucket / key
+    target.unlink(missing_ok=True)
+    os.link(source, target)
 
 
-@contextlib.contextmanager
-def cpu_shapes(counts: Sequence[int]) -> Iterator[list[CpuShape]]:
-    shapes = [CpuShape(count) for count in counts]
-    try:
-        for shape in shapes:
-            shape.start()
-        yield shapes
-    finally:
-        for shape in shapes:
-            shape.stop()
+# -- rates, for the first-command benchmark's per-connection link ---------------------------
+
+UNLIMITED = "none"
 
 
-def unwind_on_sigterm() -> None:
-    """A benchmark stopped by SIGTERM unwinds as on Ctrl-C: the finally blocks remove the
-    namespace, cgroups, mounts and servers it made."""
-
-    def interrupted(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupted)
-
-
-# -- cells and rounds ------------------------------------------------------------------------
-
-MIN_ROUNDS = 5
-DEFAULT_CPUS = (1, 2)
+def parse_rates(rates: Sequence[str]) -> list[str | None]:
+    """nginx rates ("50m": 50 MiB/s per connection), UNLIMITED as None."""
+    parsed = [None if rate == UNLIMITED else rate for rate in rates]
+    for rate in parsed:
+        if rate is not None and not re.fullmatch(r"[1-9][0-9]*[km]?", rate):
+            raise argparse.ArgumentTypeError(
+                f"--rates: nginx rates like 50m or 800k, or {UNLIMITED!r}"
+            )
+    return parsed
 
 
-def add_cell_options(parser: argparse.ArgumentParser, *, rounds: int = MIN_ROUNDS) -> None:
-    """--links, --cpus, --rounds and --seed, as the restore, resume and checkpoint
-    benchmarks take them: every link at every CPU shape is a cell."""
-    parser.add_argument(
-        "--links",
-        nargs="+",
-        choices=list(LINKS),
-        default=list(LINKS),
-        metavar="LINK",
-        help=f"the links to measure on, of {', '.join(LINKS)} (default: all)",
-    )
-    parser.add_argument(
-        "--cpus",
-        nargs="+",
-        type=int,
-        default=list(DEFAULT_CPUS),
-        metavar="N",
-        help="the task's vCPUs, one series each (a CFS quota; default: 1 2)",
-    )
-    parser.add_argument(
-        "--rounds",
-        type=_at_least(MIN_ROUNDS),
-        default=rounds,
-        help=f"rounds per cell, each in an order of its own (at least {MIN_ROUNDS})",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=1, help="the random orders' seed (recorded in the JSON)"
-    )
-
-
-def _at_least(least: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < least:
-            raise argparse.ArgumentTypeError(f"at least {least}")
-        return value
-
-    return parse
-
-
-M = TypeVar("M")
-
-
-def shuffled(methods: Sequence[M], rng: random.Random) -> tuple[M, ...]:
-    """One round's order: `methods` in a random order of `rng`'s."""
-    order = list(methods)
-    rng.shuffle(order)
-    return tuple(order)
+def rate_label(rate: str | None) -> str:
+    if rate is None:
+        return "unlimited loopback"
+    unit = {"k": " KiB", "m": " MiB"}.get(rate[-1], " B")  # nginx's units are binary
+    return f"{rate.rstrip('km')}{unit}/s per connection"
