@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.credentials import Credentials
@@ -48,6 +48,11 @@ from seedkeeper_tools.client import SeedkeeperClient
 from seedkeeper_tools.demo import commit_change, published_snapshot, sample_repository
 from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.stack import LocalStack
+
+if TYPE_CHECKING:
+    from benchmarks import harness
+else:
+    import harness  # the script's own folder is on sys.path
 
 # measure(request, target, met, call): count the calls `call` makes, as one row.
 Measure = Callable[[str, str, Callable[[Counter[str]], bool], Callable[[], object]], object]
@@ -250,7 +255,7 @@ def report(rows: list[Row], console: Console) -> None:
 
 
 def main() -> int:
-    console = Console(width=max(Console().width, 140))
+    console = harness.console(140)
     logger.setLevel("WARNING")
     with tempfile.TemporaryDirectory(prefix="seedkeeper-calls-") as root:
         rows = run(Path(root), console)

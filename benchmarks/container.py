@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from botocore.credentials import Credentials
 from rich.console import Console
@@ -37,6 +37,11 @@ from seedkeeper_tools.demo import published_snapshot, sample_repository
 from seedkeeper_tools.local.docker import DEFAULT_IMAGE, DockerRuntime
 from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.stack import LocalStack
+
+if TYPE_CHECKING:
+    from benchmarks import harness
+else:
+    import harness  # the script's own folder is on sys.path
 
 ORIGIN = "https://git.example.com/bench/widgets.git"
 RUNTIMES = ("local", "docker")
@@ -104,7 +109,7 @@ def run(root: Path, pairs: int, image: str) -> dict[str, list[Seed]]:
 
 
 def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} s ({min(values):.2f} to {max(values):.2f})"
+    return harness.spread(values, unit=" s", to=" to ")
 
 
 def report(results: dict[str, list[Seed]], image: str, console: Console) -> None:
@@ -122,13 +127,12 @@ def report(results: dict[str, list[Seed]], image: str, console: Console) -> None
             spread([seed.around for seed in seeds]),
         )
     console.print(table)
-    ratios = [
-        container.wall / process.wall
-        for container, process in zip(results["docker"], results["local"], strict=True)
-    ]
+    ratios = harness.ratios(
+        [seed.wall for seed in results["docker"]], [seed.wall for seed in results["local"]]
+    )
     console.print(
         f"container / process, POST to seeded, paired over {len(ratios)} pairs: "
-        f"median {statistics.median(ratios):.2f} ({min(ratios):.2f} to {max(ratios):.2f})"
+        f"median {harness.spread(ratios, to=' to ')}"
     )
     size = subprocess.run(
         ["docker", "image", "inspect", "--format", "{{.Size}}", image],
@@ -144,7 +148,7 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=7)
     parser.add_argument("--image", default=DEFAULT_IMAGE)
     args = parser.parse_args()
-    console = Console(width=max(Console().width, 120))
+    console = harness.console(120)
     built = subprocess.run(
         [str(ROOT / "images" / "slot-task")],
         env=os.environ | {"SLOT_IMAGE": args.image},

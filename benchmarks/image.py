@@ -41,7 +41,6 @@ import os
 import random
 import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,9 +52,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from benchmarks import harness
+else:
+    import harness  # the script's own folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = "functions/seed_task/Dockerfile"
@@ -66,17 +71,9 @@ SIDES = ("before", "after")
 MB = 1e6
 
 
-class BenchError(Exception):
-    """The benchmark could not measure (a build, the engine, a run failed)."""
-
-
 def run(argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> str:
-    done = subprocess.run(
-        list(argv), capture_output=True, text=True, timeout=900, check=False, env=env
-    )
-    if done.returncode != 0:
-        raise BenchError(f"{shlex.join(argv)} exited {done.returncode}: {done.stderr[-800:]}")
-    return str(done.stdout)
+    """A command of the builds, the engine or a run, to completion: its output."""
+    return harness.run_checked(argv, timeout=900, env=env)
 
 
 def timed(argv: Sequence[str]) -> float:
@@ -179,24 +176,6 @@ def compressed_sizes(image: str, saved: Path, scratch: Path) -> Sizes:
 # --- an engine and a registry of the benchmark's own --------------------------------------
 
 
-def stop(process: subprocess.Popen[bytes] | None, grace: float) -> None:
-    """SIGTERM to a process this benchmark started, SIGKILL after `grace` seconds."""
-    if process is not None and process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @dataclass
 class Engine:
     """A dockerd with its own data root, exec root and socket (short paths: a socket's
@@ -243,12 +222,12 @@ class Engine:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 log_text = (self.root / "dockerd.log").read_text()[-500:]
-                raise BenchError(f"dockerd exited: {log_text}")
+                raise harness.BenchError(f"dockerd exited: {log_text}")
             probe = subprocess.run(self.docker("info"), capture_output=True, check=False)
             if probe.returncode == 0:
                 return
             time.sleep(0.5)
-        raise BenchError("the benchmark's dockerd did not answer within 60 s")
+        raise harness.BenchError("the benchmark's dockerd did not answer within 60 s")
 
     def version(self) -> str:
         return run(self.docker("version", "--format", "{{.Server.Version}}")).strip()
@@ -264,9 +243,9 @@ class Engine:
 
     def stop(self) -> None:
         if self.process is not None:
-            with contextlib.suppress(BenchError):
+            with contextlib.suppress(harness.BenchError):
                 self.empty()  # its containers' and images' mounts go with them
-            stop(self.process, grace=60)
+            harness.stop_process(self.process, grace=60)
         if self.made_bridge:
             run(["ip", "link", "delete", self.bridge])
 
@@ -274,7 +253,7 @@ class Engine:
 @dataclass
 class Registry:
     root: Path
-    port: int = field(default_factory=free_port)
+    port: int = field(default_factory=harness.free_port)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -299,10 +278,10 @@ class Registry:
                 urllib.request.urlopen(f"http://{self.address}/v2/", timeout=2).close()
                 return
             time.sleep(0.2)
-        raise BenchError("docker-registry did not answer within 30 s")
+        raise harness.BenchError("docker-registry did not answer within 30 s")
 
     def stop(self) -> None:
-        stop(self.process, grace=30)
+        harness.stop_process(self.process, grace=30)
 
 
 # --- the cold starts ---------------------------------------------------------------------
@@ -384,7 +363,7 @@ def measure(
     results: dict[Way, dict[str, list[Start]]] = {way: {side: [] for side in SIDES} for way in ways}
     for number in range(rounds):
         for way in ways:
-            for side in rng.sample(SIDES, k=2):
+            for side in harness.shuffled(SIDES, rng):
                 results[way][side].append(bench.once(side, way))
         console.print(f"round {number + 1}/{rounds} done")
     bench.engine.empty()
@@ -394,8 +373,8 @@ def measure(
 # --- the report --------------------------------------------------------------------------
 
 
-def spread(values: Sequence[float], unit: str = "s") -> str:
-    return f"{statistics.median(values):.2f} {unit} ({min(values):.2f} to {max(values):.2f})"
+def spread(values: Sequence[float]) -> str:
+    return harness.spread(values, unit=" s", to=" to ")
 
 
 @dataclass
@@ -469,13 +448,12 @@ def start_report(way: Way, starts: dict[str, list[Start]]) -> Report:
                 spread([start.warm for start in runs]),
             ]
         )
-    ratios = [
-        after.cold / before.cold
-        for before, after in zip(starts["before"], starts["after"], strict=True)
-    ]
+    ratios = harness.ratios(
+        [start.cold for start in starts["after"]], [start.cold for start in starts["before"]]
+    )
     report.notes.append(
         f"after / before, cold start, paired over {len(ratios)} rounds: "
-        f"median {statistics.median(ratios):.2f} ({min(ratios):.2f} to {max(ratios):.2f})"
+        f"median {harness.spread(ratios, to=' to ')}"
     )
     return report
 
@@ -562,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="Markdown",
     )
     options = parser.parse_args(argv)
-    console = Console(width=max(Console().width, 150))
+    console = harness.console(150)
     why = cannot_measure()
     if why is not None:
         console.print(f"no image measured: {why}")
@@ -572,8 +550,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="skimg-", dir="/tmp"))
     try:
         figures = measure_all(root, options, random.Random(seed), console)  # noqa: S311
-    except BenchError as broken:
-        console.print(f"[red]the benchmark could not measure:[/red] {broken}")
+    except harness.BenchError as broken:
+        harness.could_not_measure(console, broken)
         return 1
     finally:
         shutil.rmtree(root, ignore_errors=True)

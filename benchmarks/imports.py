@@ -49,8 +49,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
 from rich.table import Table
 
 from seedkeeper.config import StoreSettings
@@ -60,6 +60,11 @@ from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.local.motoserver import AtomicMotoServer
 from seedkeeper_tools.sam_env import lambda_architecture
+
+if TYPE_CHECKING:
+    from benchmarks import harness
+else:
+    import harness  # the script's own folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = 15
@@ -261,11 +266,10 @@ class Pairs:
     def cells(self, measure: Callable[[Sample], float]) -> tuple[str, str, str]:
         """The baseline's median, ours, and the paired ratio as median (min-max)."""
         ours, baseline = [measure(s) for s in self.ours], [measure(s) for s in self.baseline]
-        ratios = [mine / theirs for mine, theirs in zip(ours, baseline, strict=True)]
         return (
             f"{statistics.median(baseline) * 1000:.0f}",
             f"{statistics.median(ours) * 1000:.0f}",
-            f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
+            harness.spread(harness.ratios(ours, baseline)),
         )
 
 
@@ -330,7 +334,7 @@ def main() -> None:
         sources_only = without_bytecode(runtime, Path(scratch) / "sources-only")
         import_table = imports(runtime)
         first_table = first_requests(runtime, sources_only)
-    console = Console(width=max(Console().width, 140))
+    console = harness.console(140)
     console.print(import_table)
     console.print(first_table)
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from botocore.credentials import Credentials
 from rich.console import Console
@@ -57,6 +58,11 @@ from seedkeeper_tools.demo import published_snapshot, sample_repository
 from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.stack import LocalStack
+
+if TYPE_CHECKING:
+    from benchmarks import harness
+else:
+    import harness  # the script's own folder is on sys.path
 
 RESOURCE = "soak-widgets"
 ORIGIN = "https://git.example.com/soak/widgets.git"
@@ -576,7 +582,7 @@ def main() -> int:
         sample_seconds=args.sample_seconds,
         shutdown_slots=args.shutdown_slots,
     )
-    console = Console(width=max(Console().width, 140))
+    console = harness.console(140)
     logger.setLevel("WARNING")
     with tempfile.TemporaryDirectory(prefix="seedkeeper-soak-") as root:
         # Searchable, not listable: the slot users reach their workspaces through it.
