@@ -39,12 +39,10 @@ from rich.table import Table
 from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
-from seedkeeper.domain.models import OwnerClaim, SeedIdentity
-from seedkeeper.domain.outcomes import Seeded
 from seedkeeper.domain.record import State, Supported
 from seedkeeper.observability import logger
 from seedkeeper.store.lifecycle import Lifecycle
-from seedkeeper_tools.client import SeedkeeperClient
+from seedkeeper_client import OwnerClaim, Seeded, SeedIdentity, SeedkeeperClient
 from seedkeeper_tools.demo import commit_change, published_snapshot, sample_repository
 from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.stack import LocalStack

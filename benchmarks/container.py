@@ -29,10 +29,8 @@ from rich.console import Console
 from rich.table import Table
 
 from seedkeeper.adapters.r2 import R2, R2Settings
-from seedkeeper.domain.models import OwnerClaim, SeedIdentity
-from seedkeeper.domain.outcomes import Seeded
 from seedkeeper.observability import logger
-from seedkeeper_tools.client import SeedkeeperClient
+from seedkeeper_client import OwnerClaim, Seeded, SeedIdentity, SeedkeeperClient
 from seedkeeper_tools.demo import published_snapshot, sample_repository
 from seedkeeper_tools.local.docker import DEFAULT_IMAGE, DockerRuntime
 from seedkeeper_tools.local.principals import LocalCredentials

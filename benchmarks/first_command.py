@@ -59,14 +59,18 @@ from rich.table import Table
 
 from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.config import StoreSettings
-from seedkeeper.domain.models import OwnerClaim, SeedIdentity
-from seedkeeper.domain.outcomes import Seeding
 from seedkeeper.domain.record import SeedSucceeded, Supported
-from seedkeeper.domain.snapshots import NewSnapshot
 from seedkeeper.domain.standby import BLANK_POOL, StandbyState
 from seedkeeper.observability import logger
 from seedkeeper.store.standbys import StandbyStore
-from seedkeeper_tools.client import SeedkeeperClient
+from seedkeeper_client import (
+    Archive,
+    NewSnapshot,
+    OwnerClaim,
+    SeedIdentity,
+    Seeding,
+    SeedkeeperClient,
+)
 from seedkeeper_tools.local.docker import DEFAULT_IMAGE
 from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.stack import LocalStack
@@ -167,8 +171,8 @@ def published(
             ref=workload.REF,
             sha=case.commit,
             created_at=int(time.time()),
-            checkout=case.checkout.archive,
-            deps=case.deps.archive,
+            checkout=Archive.model_validate(case.checkout.archive.model_dump()),
+            deps=Archive.model_validate(case.deps.archive.model_dump()),
             lockfile_hash=case.lockfile_hash,
         )
     )

@@ -49,11 +49,9 @@ from rich.console import Console
 from rich.table import Table
 
 from seedkeeper.adapters.r2 import R2, R2Settings
-from seedkeeper.domain.models import OwnerClaim, SeedIdentity
-from seedkeeper.domain.outcomes import Cold, Seeded
 from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.observability import logger
-from seedkeeper_tools.client import SeedkeeperClient
+from seedkeeper_client import Cold, OwnerClaim, Seeded, SeedIdentity, SeedkeeperClient
 from seedkeeper_tools.demo import published_snapshot, sample_repository
 from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.runtime import LocalRuntime
