@@ -5,9 +5,9 @@ sweep made itself (`closing`) writes nothing.
 
 Real slot tasks of the local stack (a sandbox that writes a heartbeat, real mksquashfs, the
 checkpoint function through the gateway, moto for DynamoDB and R2), stopped by the local
-runtime with a grace as long as Fargate's: each task must end on its own, well before it.
-A task is held at a point of its checkpoint by a sitecustomize first on its PYTHONPATH (as
-in test_task_faults.py), until the test releases it."""
+runtime with a grace as long as Fargate's: each task must end on its own, never by the
+SIGKILL that ends the grace. A task is held at a point of its checkpoint by a sitecustomize
+first on its PYTHONPATH (as in test_task_faults.py), until the test releases it."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.opwindow import OpKind
 from seedkeeper.domain.record import SlotRecord, State, Supported
+from seedkeeper.domain.runtime import TaskState
 from seedkeeper.store.lifecycle import Written
 from seedkeeper_client import Seeded
 from seedkeeper_task.sandbox import user_processes
@@ -167,15 +168,16 @@ class Slot:
     @contextmanager
     def stopping(self) -> Iterator[None]:
         """The platform's stop (SIGTERM, SIGKILL after GRACE) sent as the block starts;
-        after it, the task has ended on its own, before the grace ran out."""
-        started = time.monotonic()
+        after it, the task has ended on its own: its exit is a stopped task's, not the
+        SIGKILL's of a grace run out."""
         stop = threading.Thread(target=self.stack.runtime.stop, args=(self.incarnation, GRACE))
         stop.start()
         try:
             yield
         finally:
             stop.join(GRACE + 30)
-        assert time.monotonic() - started < GRACE - 5, "the task was killed, not stopped"
+        ended = self.stack.runtime.statuses([self.incarnation])[self.incarnation]
+        assert ended == TaskState.stopped(None, "exit code 0"), "killed or failed, not stopped"
         assert user_processes(self.uid) == []
 
     def log(self) -> str:
