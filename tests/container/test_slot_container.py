@@ -284,16 +284,14 @@ def test_a_docker_stop_during_the_restore_leaves_the_slot_truthful(
         assert isinstance(seeding, Seeding)
         assert proxy.gets.wait(60), docker("logs", container(seeding.incarnation), check=False)
 
-        stopping = time.monotonic()
         runtime.stop(seeding.incarnation or "")
-        took = time.monotonic() - stopping
     finally:
         proxy.close()
     name = container(seeding.incarnation)
     state = inspect(name)["State"]
     assert runtime.status(seeding.incarnation or "") is TaskStatus.STOPPED
-    assert took < 60, "SIGTERM ended the task: SIGKILL never had to"
     assert state["OOMKilled"] is False
+    # SIGTERM ended the task: a SIGKILL after the grace period would have made it 137.
     assert state["ExitCode"] == 0, docker("logs", name, check=False)
 
     record = record_of(stack, "slot-1")
