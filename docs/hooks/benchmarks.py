@@ -25,13 +25,19 @@ DATA = Path("benchmarks") / "data"
 PLOTS = "benchmarks/plots"
 OURS = "#3f51b5"  # material's indigo: ours is the same colour in every plot
 BASELINES = ("#9e9e9e", "#bdbdbd", "#e0e0e0", "#757575")
-LINKS = {"per-connection": "50 MiB/s\nper conn.", "total": "1 Gbit/s\nHTTPS", "loopback": "loopback"}
+LINKS = {
+    "per-connection": "50 MiB/s\nper conn.",
+    "total": "1 Gbit/s\nHTTPS",
+    "loopback": "loopback",
+}
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
     data = Path(config.docs_dir) / DATA
     for name, draw in (("restore", _restore), ("resume", _resume), ("checkpoint", _checkpoint)):
-        documents = [json.loads(path.read_text()) for path in sorted(data.glob(f"{name}*-results.json"))]
+        documents = [
+            json.loads(path.read_text()) for path in sorted(data.glob(f"{name}*-results.json"))
+        ]
         if not documents:
             raise SystemExit(f"docs/{DATA}: no {name}*-results.json to plot")
         files.append(File.generated(config, f"{PLOTS}/{name}.svg", content=draw(documents)))
@@ -118,23 +124,38 @@ def _bars(
     plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "seedkeeper", "font.size": 9})
     methods = list(methods)
     # A method keeps its colour in every panel, whichever methods a panel shows.
-    colours = {key: OURS if index == 0 else BASELINES[(index - 1) % len(BASELINES)]
-               for index, (_, key, _) in enumerate(methods)}
+    colours = {
+        key: OURS if index == 0 else BASELINES[(index - 1) % len(BASELINES)]
+        for index, (_, key, _) in enumerate(methods)
+    }
     width_cells = max(len(cells) for _, cells in panels)
     figure, axes = plt.subplots(
         len(panels), 1, figsize=(1.2 * width_cells + 1.8, 2.6 * len(panels) + 0.6), squeeze=False
     )
     for axis, (title, cells) in zip(axes[:, 0], panels, strict=True):
-        shown = [(name, key, ratio) for name, key, ratio in methods if any(c.get(key) for c in cells)]
+        shown = [
+            (name, key, ratio) for name, key, ratio in methods if any(c.get(key) for c in cells)
+        ]
         width = 0.8 / len(shown)
         for index, (name, key, ratio) in enumerate(shown):
-            xs = [cell_index + (index - (len(shown) - 1) / 2) * width for cell_index in range(len(cells))]
+            xs = [
+                cell_index + (index - (len(shown) - 1) / 2) * width
+                for cell_index in range(len(cells))
+            ]
             heights = [cell.get(key) or 0.0 for cell in cells]
-            axis.bar(xs, heights, width, label=name, color=colours[key], edgecolor="#424242", linewidth=0.4)
+            axis.bar(
+                xs,
+                heights,
+                width,
+                label=name,
+                color=colours[key],
+                edgecolor="#424242",
+                linewidth=0.4,
+            )
             if ratio:
                 for x, height, cell in zip(xs, heights, cells, strict=True):
                     axis.annotate(
-                        f"{statistics.median(cell[ratio]):.2f}×",
+                        f"{statistics.median(cell[ratio]):.2f}\N{MULTIPLICATION SIGN}",
                         (x, height),
                         xytext=(0, 2),
                         textcoords="offset points",
@@ -151,8 +172,12 @@ def _bars(
     for axis in axes[:, 0]:
         for handle, name in zip(*axis.get_legend_handles_labels(), strict=True):
             legend.setdefault(name, handle)
-    figure.legend(list(legend.values()), list(legend), loc="lower center", ncol=3, frameon=False, fontsize=8)
-    figure.text(0.99, 0.995, f"above ours: {ratio_name}, paired median", ha="right", va="top", fontsize=7)
+    figure.legend(
+        list(legend.values()), list(legend), loc="lower center", ncol=3, frameon=False, fontsize=8
+    )
+    figure.text(
+        0.99, 0.995, f"above ours: {ratio_name}, paired median", ha="right", va="top", fontsize=7
+    )
     rows = -(-len(legend) // 3)
     figure.tight_layout(rect=(0, 0.05 * rows / len(panels) + 0.02, 1, 0.97))
     out = io.StringIO()

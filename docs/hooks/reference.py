@@ -62,12 +62,20 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
                 content=json.dumps(document, indent=2) + "\n",
             )
         )
-        files.append(File.generated(config, f"reference/api/{name}.md", content=_api_page(name, purpose, document)))
-    files.append(File.generated(config, "reference/answers.md", content=_answers_page(root, config)))
+        files.append(
+            File.generated(
+                config, f"reference/api/{name}.md", content=_api_page(name, purpose, document)
+            )
+        )
+    files.append(
+        File.generated(config, "reference/answers.md", content=_answers_page(root, config))
+    )
     files.append(File.generated(config, "reference/cli.md", content=_cli_page()))
     for client in CLIENTS:
         files.append(
-            File.generated(config, f"reference/clients/{client}.md", content=_client_page(root, client))
+            File.generated(
+                config, f"reference/clients/{client}.md", content=_client_page(root, client)
+            )
         )
     return files
 
@@ -81,7 +89,8 @@ def _load_app(root: Path, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(
         f"seedkeeper_functions.{name}", root / "functions" / name / "app.py"
     )
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -112,8 +121,10 @@ def _api_page(name: str, purpose: str, document: dict[str, Any]) -> str:
                 lines.append(f"- request body (`{content_type}`): {_type(media.get('schema', {}))}")
             lines += ["", "| status | answer | body |", "|---|---|---|"]
             for status, response in operation.get("responses", {}).items():
-                schema = next(iter(response.get("content", {}).values()), {}).get("schema", {})
-                lines.append(f"| {status} | {response.get('description', '')} | {_type(schema) if schema else '-'} |")
+                media_types: list[dict[str, Any]] = list(response.get("content", {}).values())
+                schema = media_types[0].get("schema", {}) if media_types else {}
+                answer = _type(schema) if schema else "-"
+                lines.append(f"| {status} | {response.get('description', '')} | {answer} |")
             lines.append("")
     schemas = document.get("components", {}).get("schemas", {})
     if schemas:
@@ -129,9 +140,8 @@ def _api_page(name: str, purpose: str, document: dict[str, Any]) -> str:
         required = set(schema.get("required", []))
         lines += ["| field | type | required | constraints |", "|---|---|---|---|"]
         for field, spec in properties.items():
-            lines.append(
-                f"| `{field}` | {_type(spec)} | {'yes' if field in required else ''} | {_constraints(spec)} |"
-            )
+            needed = "yes" if field in required else ""
+            lines.append(f"| `{field}` | {_type(spec)} | {needed} | {_constraints(spec)} |")
         if schema.get("additionalProperties") is False:
             lines += ["", "No other field is accepted."]
         lines.append("")
@@ -152,14 +162,27 @@ def _type(schema: dict[str, Any]) -> str:
     kind = schema.get("type", "any")
     if kind == "array":
         return f"array of {_type(schema.get('items', {}))}"
-    if kind == "object" and "additionalProperties" in schema and isinstance(schema["additionalProperties"], dict):
+    if (
+        kind == "object"
+        and "additionalProperties" in schema
+        and isinstance(schema["additionalProperties"], dict)
+    ):
         return f"object of {_type(schema['additionalProperties'])}"
     return str(kind)
 
 
 def _constraints(schema: dict[str, Any]) -> str:
     found = []
-    for key in ("pattern", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "format", "default"):
+    for key in (
+        "pattern",
+        "minLength",
+        "maxLength",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "format",
+        "default",
+    ):
         if key in schema:
             found.append(f"{key} `{schema[key]}`")
     for part in schema.get("anyOf", []):
@@ -196,7 +219,9 @@ def _answers_page(root: Path, config: MkDocsConfig) -> str:
         "| token | status |",
         "|---|---|",
     ]
-    lines += [f"| `{token}` | {status.value} {status.phrase} |" for token, status in REFUSALS.items()]
+    lines += [
+        f"| `{token}` | {status.value} {status.phrase} |" for token, status in REFUSALS.items()
+    ]
     lines += [
         "",
         "## Answers that are not refusals",
@@ -245,7 +270,9 @@ def _cli_page() -> str:
     return "\n".join(lines)
 
 
-def _parsers(parser: argparse.ArgumentParser, name: str) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+def _parsers(
+    parser: argparse.ArgumentParser, name: str
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
     yield name, parser
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):

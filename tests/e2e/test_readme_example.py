@@ -16,7 +16,10 @@ from repos import make_repository
 from seedkeeper_tools.local.stack import LocalStack
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = re.compile(r"<!-- executor-example -->\n```python\n(.*?)\n```", re.DOTALL)
+# The docs site includes it from between these markers (pymdownx.snippets).
+EXAMPLE = re.compile(
+    r"<!-- --8<-- \[start:executor-example\] -->\n```python\n(.*?)\n```", re.DOTALL
+)
 # The address the README's example names: `seedkeeper local`'s default port.
 DOCUMENTED_URL = "http://127.0.0.1:8787"
 
@@ -29,9 +32,13 @@ def readme_example() -> str:
     return code
 
 
+def test_the_clients_readme_shows_the_same_example() -> None:
+    assert f"```python\n{readme_example()}\n```" in (ROOT / "clients/python/README.md").read_text()
+
+
 def test_the_readme_example_runs_with_the_client_alone(stack: LocalStack, tmp_path: Path) -> None:
     code = readme_example()
-    assert len(code.splitlines()) <= 12, "a ten-line example"
+    assert len(code.splitlines()) <= 10, "a ten-line example"
     publish(client_for(stack), make_repository(tmp_path), tmp_path / "scratch")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)

@@ -280,7 +280,7 @@ def _parser() -> argparse.ArgumentParser:
         type=_count,
         default=0,
         metavar="N",
-        help='keep N blank standby slots started ahead (docs/concepts/standby.md)',
+        help="keep N blank standby slots started ahead (docs/concepts/standby.md)",
     )
     local.add_argument(
         "--preseed",
