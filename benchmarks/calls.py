@@ -29,13 +29,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import boto3
 from botocore.credentials import Credentials
 from rich.console import Console
 from rich.table import Table
 
+import harness
 from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.config import StoreSettings
@@ -46,11 +47,6 @@ from seedkeeper_client import OwnerClaim, Seeded, SeedIdentity, SeedkeeperClient
 from seedkeeper_tools.demo import commit_change, published_snapshot, sample_repository
 from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.stack import LocalStack
-
-if TYPE_CHECKING:
-    from benchmarks import harness
-else:
-    import harness  # the script's own folder is on sys.path
 
 # measure(request, target, met, call): count the calls `call` makes, as one row.
 Measure = Callable[[str, str, Callable[[Counter[str]], bool], Callable[[], object]], object]

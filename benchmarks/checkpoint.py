@@ -98,43 +98,23 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from rich.console import Console
 
-if TYPE_CHECKING:
-    from benchmarks import harness, workload
-    from benchmarks.checkpoint_report import FILE, METHODS, OURS, STREAMING, Cell, Run, report
-    from benchmarks.checkpoint_scripts import (
-        DRIVER,
-        PART_BYTES,
-        PART_STREAMS,
-        STREAM_PIPELINE,
-        UPLOADER,
-    )
-    from benchmarks.checkpoint_store import (
-        BUCKET,
-        TCP_COUNTERS,
-        Store,
-        Wire,
-        check_parts,
-        tcp_counters,
-        tree_bytes,
-    )
-else:  # the script's own folder is on sys.path: the harness, the trees and its own parts
-    import harness
-    import workload
-    from checkpoint_report import FILE, METHODS, OURS, STREAMING, Cell, Run, report
-    from checkpoint_scripts import DRIVER, PART_BYTES, PART_STREAMS, STREAM_PIPELINE, UPLOADER
-    from checkpoint_store import (
-        BUCKET,
-        TCP_COUNTERS,
-        Store,
-        Wire,
-        check_parts,
-        tcp_counters,
-        tree_bytes,
-    )
+import harness
+import workload
+from checkpoint_report import FILE, METHODS, OURS, STREAMING, Cell, Run, report
+from checkpoint_scripts import DRIVER, PART_BYTES, PART_STREAMS, STREAM_PIPELINE, UPLOADER
+from checkpoint_store import (
+    BUCKET,
+    TCP_COUNTERS,
+    Store,
+    Wire,
+    check_parts,
+    tcp_counters,
+    tree_bytes,
+)
 
 EXPIRES = 900
 DEFAULT_SIZES = (300, 1000)  # MB of archive, as the restore benchmark labels its sizes

@@ -9,18 +9,14 @@ import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from benchmarks import harness, workload
-    from benchmarks.checkpoint_scripts import PART_BYTES, PART_STREAMS
-else:  # the script's own folder is on sys.path
-    import harness
-    import workload
-    from checkpoint_scripts import PART_BYTES, PART_STREAMS
+import harness
+import workload
+from checkpoint_scripts import PART_BYTES, PART_STREAMS
 
 MB = harness.MB
 OURS = "ours"

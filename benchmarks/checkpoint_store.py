@@ -13,17 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import harness
+from checkpoint_scripts import MIB, PART_BYTES
 from seedkeeper.adapters import aws
 from seedkeeper.adapters.r2 import R2
 from seedkeeper_tools.publish import measure
 
 if TYPE_CHECKING:
-    from benchmarks import harness
-    from benchmarks.checkpoint_scripts import MIB, PART_BYTES
     from mypy_boto3_s3 import S3Client
-else:  # the script's own folder is on sys.path
-    import harness
-    from checkpoint_scripts import MIB, PART_BYTES
 
 BUCKET = "seedkeeper-bench"
 TCP_COUNTERS = ("RetransSegs", "TCPTimeouts")  # recorded per run: losses on the link

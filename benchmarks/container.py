@@ -22,12 +22,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from botocore.credentials import Credentials
 from rich.console import Console
 from rich.table import Table
 
+import harness
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.observability import logger
 from seedkeeper_client import OwnerClaim, Seeded, SeedIdentity, SeedkeeperClient
@@ -35,11 +35,6 @@ from seedkeeper_tools.demo import published_snapshot, sample_repository
 from seedkeeper_tools.local.docker import DEFAULT_IMAGE, DockerRuntime
 from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.stack import LocalStack
-
-if TYPE_CHECKING:
-    from benchmarks import harness
-else:
-    import harness  # the script's own folder is on sys.path
 
 ORIGIN = "https://git.example.com/bench/widgets.git"
 RUNTIMES = ("local", "docker")

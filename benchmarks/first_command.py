@@ -51,12 +51,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from botocore.credentials import Credentials
 from rich.console import Console
 from rich.table import Table
 
+import harness
+import image as image_bench
+import slot_task
+import workload
 from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain.record import SeedSucceeded, Supported
@@ -74,15 +78,6 @@ from seedkeeper_client import (
 from seedkeeper_tools.local.docker import DEFAULT_IMAGE
 from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.stack import LocalStack
-
-if TYPE_CHECKING:
-    from benchmarks import harness, slot_task, workload
-    from benchmarks import image as image_bench
-else:  # the script's own folder is on sys.path: the harness, the snapshot, the image benchmark
-    import harness
-    import image as image_bench
-    import slot_task
-    import workload
 
 Path_ = Literal["standby", "pre-seeded", "cold, image present", "cold, image loaded"]
 Runtime = Literal["process", "docker"]

@@ -52,15 +52,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from benchmarks import harness
-else:
-    import harness  # the script's own folder is on sys.path
+import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = "functions/seed_task/Dockerfile"

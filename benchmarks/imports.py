@@ -49,10 +49,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.table import Table
 
+import harness
 from seedkeeper.config import StoreSettings
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding
@@ -60,11 +60,6 @@ from seedkeeper.store.lifecycle import Lifecycle, Written
 from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.local.motoserver import AtomicMotoServer
 from seedkeeper_tools.sam_env import lambda_architecture
-
-if TYPE_CHECKING:
-    from benchmarks import harness
-else:
-    import harness  # the script's own folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = 15

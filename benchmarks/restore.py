@@ -90,20 +90,14 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-if TYPE_CHECKING:
-    from benchmarks import harness, slot_task, workload
-    from benchmarks.restore_baselines import FLOOR, PLAIN, STRONGEST, Baselines
-    from benchmarks.restore_report import Result, report
-else:  # the script's own folder is on sys.path
-    import harness
-    import slot_task
-    import workload
-    from restore_baselines import FLOOR, PLAIN, STRONGEST, Baselines
-    from restore_report import Result, report
+import harness
+import slot_task
+import workload
+from restore_baselines import FLOOR, PLAIN, STRONGEST, Baselines
+from restore_report import Result, report
 
 MB = harness.MB
 # The commands every run needs, and the Debian packages holding them.

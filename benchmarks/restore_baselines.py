@@ -11,16 +11,11 @@ import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import harness
+import slot_task
+import workload
 from seedkeeper.domain.plan import DEPS_PATH
-
-if TYPE_CHECKING:
-    from benchmarks import harness, slot_task, workload
-else:  # the scripts' own folder is on sys.path
-    import harness
-    import slot_task
-    import workload
 
 # The strongest baseline a shell user writes (`Baselines.strongest`): both archives at once,
 # each over as many connections as the task opens, each extracted as soon as it has landed

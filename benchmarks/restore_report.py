@@ -8,26 +8,15 @@ import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from benchmarks import harness, slot_task, workload
-    from benchmarks.restore_baselines import (
-        BASELINES,
-        DESCRIPTIONS,
-        FLOOR,
-        PLAIN,
-        STRONGEST,
-        BaselineRun,
-    )
-else:  # the scripts' own folder is on sys.path
-    import harness
-    import slot_task
-    import workload
-    from restore_baselines import BASELINES, DESCRIPTIONS, FLOOR, PLAIN, STRONGEST, BaselineRun
+import harness
+import slot_task
+import workload
+from restore_baselines import BASELINES, DESCRIPTIONS, FLOOR, PLAIN, STRONGEST, BaselineRun
 
 MB = harness.MB
 # Targets (issue 31), each on the paired median of the whole task process, in every cell.

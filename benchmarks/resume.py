@@ -81,44 +81,27 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+import harness
+import slot_task
+import workload
+from restore_baselines import SHA256_COMMAND
+from resume_report import (
+    ARIA2C,
+    BASELINE,
+    FLOOR,
+    METHODS,
+    RESUME,
+    SEED,
+    Result,
+    ShellRun,
+    report,
+)
 from seedkeeper.domain.plan import SlotPlan
 from seedkeeper_task import capture
 from seedkeeper_task.supervisor import CHECKOUT
-
-if TYPE_CHECKING:
-    from benchmarks import harness, slot_task, workload
-    from benchmarks.restore_baselines import SHA256_COMMAND
-    from benchmarks.resume_report import (
-        ARIA2C,
-        BASELINE,
-        FLOOR,
-        METHODS,
-        RESUME,
-        SEED,
-        Result,
-        ShellRun,
-        report,
-    )
-else:  # the script's own folder is on sys.path: the harness, the trees, the slot task
-    import harness
-    import slot_task
-    import workload
-    from restore_baselines import SHA256_COMMAND
-    from resume_report import (
-        ARIA2C,
-        BASELINE,
-        FLOOR,
-        METHODS,
-        RESUME,
-        SEED,
-        Result,
-        ShellRun,
-        report,
-    )
 
 MB = harness.MB
 DEFAULT_SIZES = ("300 MB",)

@@ -8,21 +8,16 @@ import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+import harness
+import slot_task
+import workload
+from restore_baselines import SHA256_COMMAND, aria2c_command
 from seedkeeper_task.restore.extract import UNSQUASHFS_COMMAND
-
-if TYPE_CHECKING:
-    from benchmarks import harness, slot_task, workload
-    from benchmarks.restore_baselines import SHA256_COMMAND, aria2c_command
-else:  # the script's own folder is on sys.path
-    import harness
-    import slot_task
-    import workload
-    from restore_baselines import SHA256_COMMAND, aria2c_command
 
 MB = harness.MB
 TARGET = 0.9  # issue 31: resume / its baseline, the paired median, in every cell

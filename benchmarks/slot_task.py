@@ -27,10 +27,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import boto3
 
+import harness
+import workload
 from seedkeeper.adapters.r2 import backup_key
 from seedkeeper.domain import transitions
 from seedkeeper.domain.models import Binding, OwnerClaim, SeedIdentity
@@ -48,12 +50,6 @@ from seedkeeper_tools.infra import create_table, load_template
 from seedkeeper_tools.local.gateway import FunctionUrlGateway
 from seedkeeper_tools.local.motoserver import AtomicMotoServer
 from seedkeeper_tools.local.principals import TASK_ROLE_ARN, LocalCredentials, TaskKeys
-
-if TYPE_CHECKING:
-    from benchmarks import harness, workload
-else:  # the scripts' own folder is on sys.path
-    import harness
-    import workload
 
 TABLE = "seedkeeper-bench"
 BUCKET = "seedkeeper-bench"  # the R2 bucket the checkpoint function presigns for

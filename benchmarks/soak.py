@@ -42,12 +42,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from botocore.credentials import Credentials
 from rich.console import Console
 from rich.table import Table
 
+import harness
 from seedkeeper.adapters.r2 import R2, R2Settings
 from seedkeeper.domain.runtime import TaskStatus
 from seedkeeper.observability import logger
@@ -56,11 +56,6 @@ from seedkeeper_tools.demo import published_snapshot, sample_repository
 from seedkeeper_tools.local.principals import LocalCredentials
 from seedkeeper_tools.local.runtime import LocalRuntime
 from seedkeeper_tools.local.stack import LocalStack
-
-if TYPE_CHECKING:
-    from benchmarks import harness
-else:
-    import harness  # the script's own folder is on sys.path
 
 RESOURCE = "soak-widgets"
 ORIGIN = "https://git.example.com/soak/widgets.git"

@@ -20,13 +20,13 @@ import time
 from collections.abc import Iterable
 from contextlib import redirect_stdout
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import boto3
 from boto3.dynamodb.conditions import Attr
 from moto import mock_aws
 from rich.table import Table
 
+import harness
 from seedkeeper.domain import transitions
 from seedkeeper.domain.checkpoints import RetentionSettings
 from seedkeeper.domain.models import Binding
@@ -39,11 +39,6 @@ from seedkeeper.services.sweep import Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper.store.sweep_index import SweepIndex
 from seedkeeper_tools.infra import create_table, load_template
-
-if TYPE_CHECKING:
-    from benchmarks import harness
-else:
-    import harness  # the script's own folder is on sys.path
 
 PERIOD = 300  # seconds between two runs: the template's default rate
 NOW = 1_800_000_000  # run 1

@@ -24,14 +24,10 @@ import random
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
+from harness import GIT_ENV, MB, BenchError
 from seedkeeper.domain.plan import DEPS_PATH
-
-if TYPE_CHECKING:
-    from benchmarks.harness import GIT_ENV, MB, BenchError
-else:
-    from harness import GIT_ENV, MB, BenchError  # the scripts' own folder is on sys.path
 
 GENERATOR_VERSION = 4  # bump when the generator changes: cached inputs are rebuilt
 SEED = 20_240_601

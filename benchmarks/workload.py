@@ -21,19 +21,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 
+import harness
+import synthetic
 from seedkeeper.domain.plan import DEPS_PATH
 from seedkeeper.domain.snapshots import Archive
 from seedkeeper_tools.publish import build_squashfs, measure
-
-if TYPE_CHECKING:
-    from benchmarks import harness, synthetic
-else:  # the scripts' own folder is on sys.path
-    import harness
-    import synthetic
 
 MB = harness.MB
 REF = "main"  # the snapshot's branch
