@@ -126,7 +126,7 @@ format: setup ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-pr: lint test ## Everything a change must pass before it lands
+pr: lint docs test ## Everything a change must pass before it lands
 
 # The working-day soak runs SOAK_MINUTES (10: about 13 minutes in all; 1 for a quick look).
 SOAK_MINUTES ?= 10
