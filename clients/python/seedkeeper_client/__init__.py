@@ -1,7 +1,7 @@
 """The executor's client for Seedkeeper's function URLs: `SeedkeeperClient` and the models
 it sends and reads."""
 
-from seedkeeper_client.client import ClaimNotEchoed, SeedkeeperClient, SeedkeeperRefused
+from seedkeeper_client.client import BadAnswer, ClaimNotEchoed, SeedkeeperClient, SeedkeeperRefused
 from seedkeeper_client.models import (
     Archive,
     CheckpointState,
@@ -28,6 +28,7 @@ from seedkeeper_client.transport import SeedkeeperError, Unreachable
 
 __all__ = [
     "Archive",
+    "BadAnswer",
     "CheckpointState",
     "ClaimNotEchoed",
     "Cold",

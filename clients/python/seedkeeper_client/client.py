@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from botocore.credentials import Credentials, ReadOnlyCredentials
 from botocore.session import get_session
+from pydantic import BaseModel, ValidationError
 
 from seedkeeper_client.models import (
     Cold,
@@ -45,6 +46,8 @@ FUNCTIONS = {
 }
 FINAL_TIMEOUT = 300.0
 
+AnswerModel = TypeVar("AnswerModel", bound=BaseModel)
+
 
 class SeedkeeperRefused(SeedkeeperError):
     """A 4xx or 5xx answer; `reason` is its reason token (a refusal's `error`)."""
@@ -56,6 +59,11 @@ class SeedkeeperRefused(SeedkeeperError):
 
 class ClaimNotEchoed(SeedkeeperError):
     """A claimed seed answer that does not prove it is about this claim."""
+
+
+class BadAnswer(SeedkeeperError):
+    """A 2xx answer that is not the answer asked for: not JSON, or a field missing or of
+    the wrong type (named)."""
 
 
 class SeedkeeperClient:
@@ -124,31 +132,28 @@ class SeedkeeperClient:
             "seed": seed.model_dump(mode="json", exclude_none=True),
             "incarnation": incarnation,
         }
-        return Receipt.model_validate_json(self._call("POST", "/receipt", body))
+        return _parsed(Receipt, self._call("POST", "/receipt", body))
 
     def slot_evidence(self, slot: str, *, claim: OwnerClaim) -> Evidence:
         """Exact-slot facts; never a permit to stop the slot."""
         body = {"slot": slot, "claim": claim.model_dump(mode="json")}
-        return Evidence.model_validate_json(self._call("POST", "/slot-evidence", body))
+        return _parsed(Evidence, self._call("POST", "/slot-evidence", body))
 
     # -- snapshots --------------------------------------------------------------------
 
     def publish(self, snapshot: NewSnapshot) -> Recorded:
         """Record a snapshot whose archives are already in R2, and rotate."""
         body = snapshot.model_dump(mode="json", exclude_none=True)
-        return Recorded.model_validate_json(self._call("POST", "/snapshots", body))
+        return _parsed(Recorded, self._call("POST", "/snapshots", body))
 
     def snapshot_status(self, resource: str) -> SnapshotStatus:
-        return SnapshotStatus.model_validate_json(
-            self._call("GET", f"/snapshots/{quote(resource)}")
-        )
+        return _parsed(SnapshotStatus, self._call("GET", f"/snapshots/{quote(resource)}"))
 
     def delete_snapshots(self, resource: str) -> Payment:
-        return Payment.model_validate_json(self._call("DELETE", f"/snapshots/{quote(resource)}"))
+        return _parsed(Payment, self._call("DELETE", f"/snapshots/{quote(resource)}"))
 
     def healthz(self, function: str = "seed") -> dict[str, Any]:
-        answer: dict[str, Any] = json.loads(self._call("GET", "/healthz", function=function))
-        return answer
+        return _json_object(self._call("GET", "/healthz", function=function))
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -159,7 +164,7 @@ class SeedkeeperClient:
         about: a claimed slot is never taken for cold, nor one slot for another."""
         answer = _json_object(text)
         if answer.get("seeded") is False and answer.get("state") != "unseeded":
-            return NotSeeded.model_validate(answer)
+            return _parsed(NotSeeded, answer)
         kind: type[Cold] | type[Seeded] | type[Seeding] = (
             Cold
             if answer.get("state") == "unseeded"
@@ -167,7 +172,7 @@ class SeedkeeperClient:
             if answer.get("seeded")
             else Seeding
         )
-        parsed = kind.model_validate(answer)
+        parsed = _parsed(kind, answer)
         if isinstance(parsed, Cold | Seeding) and parsed.slot != slot:
             raise ClaimNotEchoed("the seed answer is about another slot")
         if not _same_claim(parsed.claim, claim) or (claim is not None and not parsed.incarnation):
@@ -178,7 +183,7 @@ class SeedkeeperClient:
     def _kept_alive(text: bytes, slot: str, claim: OwnerClaim | None) -> KeptAlive:
         """An answer about another slot, or that does not echo the claim, proves nothing
         about this one."""
-        answer = KeptAlive.model_validate_json(text)
+        answer = _parsed(KeptAlive, text)
         if answer.slot != slot or not _same_claim(answer.claim, claim):
             raise ClaimNotEchoed("the keepalive answer does not echo this slot and claim")
         return answer
@@ -192,7 +197,8 @@ class SeedkeeperClient:
     def _call(
         self, method: str, path: str, body: Any = None, *, function: str | None = None
     ) -> bytes:
-        """The answer's JSON text; a 4xx or 5xx raises SeedkeeperRefused."""
+        """The answer's JSON text; any other status (a redirect too: it is never followed)
+        raises SeedkeeperRefused."""
         credentials = self._credentials or get_session().get_credentials()
         if credentials is None:
             raise SeedkeeperError("no AWS credentials to sign with")
@@ -204,7 +210,7 @@ class SeedkeeperClient:
             region=self._region,
             timeout=self._timeout,
         )
-        if status < 400:
+        if 200 <= status < 300:
             return payload
         try:
             detail = json.loads(payload)
@@ -220,10 +226,22 @@ def _json_object(text: bytes) -> dict[str, Any]:
     try:
         answer = json.loads(text)
     except ValueError:
-        raise SeedkeeperError("the answer is not JSON") from None
+        raise BadAnswer("the answer is not JSON") from None
     if not isinstance(answer, dict):
-        raise SeedkeeperError("the answer is not a JSON object")
+        raise BadAnswer("the answer is not a JSON object")
     return answer
+
+
+def _parsed(model: type[AnswerModel], answer: bytes | dict[str, Any]) -> AnswerModel:
+    """`answer` as `model`, or BadAnswer naming the first field that is not as it says."""
+    try:
+        if isinstance(answer, bytes):
+            return model.model_validate_json(answer)
+        return model.model_validate(answer)
+    except ValidationError as invalid:
+        error = invalid.errors()[0]
+        where = ".".join(str(part) for part in error["loc"]) or "the answer"
+        raise BadAnswer(f"{where}: {error['msg']}") from None
 
 
 def _same_claim(echoed: OwnerClaim | None, asked: OwnerClaim | None) -> bool:

@@ -22,6 +22,17 @@ class Unreachable(SeedkeeperError, ConnectionError):
     """No answer (refused, reset, timed out): the message names the cause, never the URL."""
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as it is, never followed: urllib would send the signed
+    headers (the session token among them) on to wherever the Location points."""
+
+    def redirect_request(self, *_: Any, **__: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 def signed_call(
     method: str,
     url: str,
@@ -31,7 +42,7 @@ def signed_call(
     region: str,
     timeout: float,
 ) -> tuple[int, bytes]:
-    """The answer's status and body, a 4xx or 5xx included."""
+    """The answer's status and body, a 3xx (never followed), 4xx or 5xx included."""
     data = json.dumps(body).encode() if body is not None else b""
     request = AWSRequest(
         method=method,
@@ -44,7 +55,7 @@ def signed_call(
         url, data=data or None, method=method, headers=dict(request.headers.items())
     )
     try:
-        with urllib.request.urlopen(prepared, timeout=timeout) as response:  # noqa: S310
+        with _OPENER.open(prepared, timeout=timeout) as response:
             answer: bytes = response.read()
             return response.status, answer
     except urllib.error.HTTPError as refused:
