@@ -14,7 +14,7 @@ import pytest
 from botocore.credentials import Credentials
 
 from seedkeeper_client import BadAnswer, SeedkeeperClient, SeedkeeperRefused
-from seedkeeper_client.transport import signed_call
+from seedkeeper_client.transport import MAX_ANSWER_BYTES, AnswerTooLarge, signed_call
 
 CREDENTIALS = Credentials("AKIDEXAMPLE", "secret", "session-token-never-forwarded")
 
@@ -108,3 +108,18 @@ def test_a_seed_answer_that_is_not_one_is_a_bad_answer_naming_why(body: bytes, s
         client = SeedkeeperClient(server.url, credentials=CREDENTIALS, timeout=5)
         with pytest.raises(BadAnswer, match=said):
             client.seed("slot-1", None)
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_an_answer_longer_than_a_function_url_sends_is_not_read_whole(status: int) -> None:
+    for server in serving((status, {}, b"x" * (MAX_ANSWER_BYTES + 1))):
+        with pytest.raises(AnswerTooLarge):
+            signed_call(
+                "GET", server.url, None, credentials=CREDENTIALS, region="us-east-1", timeout=5
+            )
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://127.0.0.1/x", "data:,{}"])
+def test_only_an_http_url_is_called(url: str) -> None:
+    with pytest.raises(ValueError, match="https://"):
+        signed_call("GET", url, None, credentials=CREDENTIALS, region="us-east-1", timeout=5)

@@ -24,9 +24,10 @@ from seedkeeper_client.models import (
     Snapshot,
     SnapshotStatus,
 )
-from seedkeeper_client.transport import SeedkeeperError, Unreachable
+from seedkeeper_client.transport import AnswerTooLarge, SeedkeeperError, Unreachable
 
 __all__ = [
+    "AnswerTooLarge",
     "Archive",
     "BadAnswer",
     "CheckpointState",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -31,6 +32,14 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 
 
 _OPENER = urllib.request.build_opener(_NoRedirects)
+# Lambda answers a function URL with at most 6 MB: anything longer is not Seedkeeper's
+# answer, and is not read into memory.
+MAX_ANSWER_BYTES = 6 * 1024 * 1024
+
+
+class AnswerTooLarge(Unreachable):
+    """More than a function URL can answer (MAX_ANSWER_BYTES): no answer of Seedkeeper's,
+    so a caller handles it as one it did not get (the slot task tries again later)."""
 
 
 def signed_call(
@@ -43,6 +52,8 @@ def signed_call(
     timeout: float,
 ) -> tuple[int, bytes]:
     """The answer's status and body, a 3xx (never followed), 4xx or 5xx included."""
+    if urllib.parse.urlsplit(url).scheme not in ("https", "http"):
+        raise ValueError("a function URL is https:// (http:// for a local stack)")
     data = json.dumps(body).encode() if body is not None else b""
     request = AWSRequest(
         method=method,
@@ -56,10 +67,16 @@ def signed_call(
     )
     try:
         with _OPENER.open(prepared, timeout=timeout) as response:
-            answer: bytes = response.read()
-            return response.status, answer
+            return response.status, _bounded(response)
     except urllib.error.HTTPError as refused:
-        return refused.code, refused.read()
+        return refused.code, _bounded(refused)
     except (urllib.error.URLError, OSError) as failed:
         reason = getattr(failed, "reason", failed)
         raise Unreachable(type(reason).__name__) from None
+
+
+def _bounded(response: Any) -> bytes:
+    answer: bytes = response.read(MAX_ANSWER_BYTES + 1)
+    if len(answer) > MAX_ANSWER_BYTES:
+        raise AnswerTooLarge(f"the answer is longer than {MAX_ANSWER_BYTES} bytes")
+    return answer
