@@ -70,6 +70,8 @@ def signed_call(
             return response.status, _bounded(response)
     except urllib.error.HTTPError as refused:
         return refused.code, _bounded(refused)
+    except AnswerTooLarge:
+        raise  # an Unreachable of its own, not the one below
     except (urllib.error.URLError, OSError) as failed:
         reason = getattr(failed, "reason", failed)
         raise Unreachable(type(reason).__name__) from None
