@@ -741,3 +741,27 @@ def test_a_granted_key_can_always_be_recorded(stack: Stack, tmp_path: Path) -> N
     put(grant, DATA, tmp_path)
     status, recorded = call("record", captured(record))
     assert (status, recorded.get("state")) == (200, "checkpointed"), recorded
+
+
+def test_a_loss_the_stopping_task_records_raises_the_slots_lost_alarm_once(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The slots-lost alarm watches SlotsLost with the service dimension alone: a loss the
+    task records (its checkpoint could not be made before the platform stopped it) counts
+    there as the sweep's do, and its retried call, acknowledged, does not count again."""
+    record = checkpointing(stack)
+    assert record.incarnation is not None
+    body = {"slot": SLOT, "incarnation": record.incarnation, "reason": "stop-timeout"}
+    request = event("checkpoint-failed", rawPath="/tasks/lose", body=body)
+    request["requestContext"]["http"]["path"] = "/tasks/lose"
+    outcomes = [
+        invoke(checkpoint_function, as_task(request, record.incarnation))[1]["outcome"]
+        for _ in range(2)
+    ]
+    assert outcomes == ["written", "acknowledged"]
+    assert current(stack).state is State.LOST
+    (metric,) = [m for m in emitted(capsys) if "SlotsLost" in m]
+    assert metric["SlotsLost"] == [1.0]
+    # No dimension of its own: the alarm names only the service, which Powertools adds.
+    (directive,) = metric["_aws"]["CloudWatchMetrics"]
+    assert directive["Dimensions"] in ([[]], [["service"]])

@@ -33,6 +33,7 @@ from seedkeeper.domain.task_api import (
     TaskWrite,
     Thaw,
 )
+from seedkeeper.observability import count
 from seedkeeper.store.lifecycle import Conflict, Lifecycle, Outcome, Written
 
 P = TypeVar("P")
@@ -87,7 +88,10 @@ class TaskRecords:
             loss=Loss(reason=call.reason, detail=call.detail, at=now),
             expires_at=now + self._retention.park_retention,
         )
-        return self._apply(call, caller, transitions.LOSE, lost)
+        written = self._apply(call, caller, transitions.LOSE, lost)
+        if isinstance(written, TaskWrite) and written.outcome == "written":  # counted once
+            count("SlotsLost")
+        return written
 
     def _stopping(self, call: AttemptCall) -> transitions.Stopping:
         return transitions.Stopping(
