@@ -4,8 +4,10 @@
  *
  * A claimed seed answer (a resumed one too) must echo the claim and carry an incarnation; a
  * keepalive answer must be about the slot kept alive; anything else throws. It never falls
- * back to treating a claimed slot as cold. It uses `fetch` and Web Crypto only, so it runs
- * in a Cloudflare Worker and in Node >= 20 alike.
+ * back to treating a claimed slot as cold. A redirect is never followed (it is a refusal),
+ * and an answer is read as a stream, no further than a function URL can answer. It uses
+ * `fetch`, Web streams and Web Crypto only, so it runs in a Cloudflare Worker and in
+ * Node >= 20 alike.
  */
 
 import { AwsClient } from "aws4fetch";
@@ -15,6 +17,7 @@ import { isSeeding } from "./answers.js";
 import type { Check } from "./shape.js";
 import { isPlainObject } from "./shape.js";
 import {
+  AnswerTooLarge,
   BadAnswer,
   SeedkeeperError,
   SeedkeeperRefused,
@@ -51,6 +54,9 @@ export const FUNCTIONS: Readonly<Record<string, FunctionName>> = Object.freeze({
 export const FINAL_TIMEOUT_MS = 300_000;
 export const POLL_INTERVAL_MS = 500;
 export const REQUEST_TIMEOUT_MS = 30_000;
+/** The most a function URL answers with (Lambda's limit on a response, 6 MB): anything
+ * longer is not Seedkeeper's answer, and is not read further (`AnswerTooLarge`). */
+export const MAX_ANSWER_BYTES = 6 * 1024 * 1024;
 
 export interface Credentials {
   accessKeyId: string;
@@ -64,7 +70,8 @@ export type Fetch = (request: Request, init?: RequestInit) => Promise<Response>;
 
 export interface ClientOptions {
   /** One URL for every route (the local stack), or one per function as a deployment
-   * outputs them. */
+   * outputs them: `https:` (`http:` for a local stack), without a user name, password,
+   * query or fragment. */
   baseUrl: string | Partial<Record<FunctionName, string>>;
   /** Keys, or a function giving them anew for each request (temporary credentials). */
   credentials: Credentials | (() => Credentials | Promise<Credentials>);
@@ -90,9 +97,13 @@ export class SeedkeeperClient {
   constructor(options: ClientOptions) {
     const urls = options.baseUrl;
     if (typeof urls === "string") {
-      checkBase(urls, "the base URL");
+      checkBase(urls, "the base URL (baseUrl)");
     } else {
-      for (const [name, url] of Object.entries(urls)) checkBase(url, `the ${name} URL`);
+      for (const [name, url] of Object.entries(urls)) {
+        // a key of the caller's is named only when it is a function's (it could be anything)
+        const known = Object.values(FUNCTIONS).includes(name as FunctionName);
+        checkBase(url, known ? `the ${name} URL (baseUrl.${name})` : "a baseUrl entry");
+      }
     }
     this.#urls = typeof urls === "string" ? urls : { ...urls };
     this.#credentials = options.credentials;
@@ -193,12 +204,15 @@ export class SeedkeeperClient {
     return typeof keys === "function" ? await keys() : keys;
   }
 
-  /** The answer's JSON; a 4xx or 5xx throws SeedkeeperRefused. */
+  /** The answer's JSON; any status but a 2xx (a redirect too: it is never followed, so the
+   * signed headers go nowhere else) throws SeedkeeperRefused, and an answer longer than
+   * MAX_ANSWER_BYTES AnswerTooLarge. */
   async #call(method: Method, path: string, body?: unknown, fn?: FunctionName): Promise<unknown> {
     const url = this.#url(path, fn);
     const signer = this.#signer ?? signerFor(await this.#keys(), this.#region);
     const request = await signer.sign(url, {
       method,
+      redirect: "manual", // the request itself, whatever fetch sends it
       ...(body === undefined
         ? {}
         : { body: JSON.stringify(body), headers: { "Content-Type": "application/json" } }),
@@ -211,14 +225,13 @@ export class SeedkeeperClient {
         redirect: "manual",
         signal: AbortSignal.timeout(this.#requestTimeoutMs),
       });
-      text = await response.text();
+      text = await bounded(response);
     } catch (failed) {
+      if (failed instanceof AnswerTooLarge) throw failed;
       throw new Unreachable(`no answer: ${causeOf(failed)}`);
     }
-    if (response.status >= 400) throw refusal(response.status, text);
-    if (response.status >= 300) {
-      throw new BadAnswer(`the answer is a redirect (${response.status}), which is not followed`);
-    }
+    // an opaque redirect (a browser's manual one) has status 0: a refusal like any non-2xx
+    if (response.status < 200 || response.status >= 300) throw refusal(response.status, text);
     try {
       return JSON.parse(text) as unknown;
     } catch {
@@ -239,6 +252,37 @@ function signerFor(keys: Credentials, region: string): AwsClient {
     region,
     retries: 0, // a 503 is the caller's to see (retry-later), as in the Python client
   });
+}
+
+/** The answer's text, read as a stream no further than MAX_ANSWER_BYTES: past it (or when
+ * its Content-Length says it goes past it) the stream is cancelled, which hangs up, and
+ * AnswerTooLarge thrown. Bytes are counted, not characters. */
+async function bounded(response: Response): Promise<string> {
+  const stream = response.body;
+  const declared = response.headers.get("Content-Length")?.trim();
+  if (declared !== undefined && /^\d+$/.test(declared) && Number(declared) > MAX_ANSWER_BYTES) {
+    stream?.cancel().catch(() => undefined);
+    throw tooLarge();
+  }
+  if (stream === null) return "";
+  const reader = stream.getReader();
+  const decoder = new TextDecoder();
+  let read = 0;
+  let text = "";
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return text + decoder.decode();
+    read += value.byteLength;
+    if (read > MAX_ANSWER_BYTES) {
+      reader.cancel().catch(() => undefined);
+      throw tooLarge();
+    }
+    text += decoder.decode(value, { stream: true });
+  }
+}
+
+function tooLarge(): AnswerTooLarge {
+  return new AnswerTooLarge(`the answer is longer than ${MAX_ANSWER_BYTES} bytes`);
 }
 
 function refusal(status: number, text: string): SeedkeeperRefused {
@@ -284,15 +328,20 @@ function trimmed(base: string): string {
   return base.replace(/\/+$/, "");
 }
 
-function checkBase(url: string, what: string): void {
+/** A base URL a signed request may go to: http: or https: only (never file:, data:, ftp:
+ * and the like), no credentials in it. `what` names the option; the URL is never named. */
+function checkBase(url: unknown, what: string): void {
   let parsed: URL;
   try {
-    parsed = new URL(url);
+    parsed = new URL(String(url));
   } catch {
     throw new SeedkeeperError(`${what} is not a URL`);
   }
   if (parsed.protocol !== "https:" && parsed.protocol !== "http:") {
-    throw new SeedkeeperError(`${what} is not an http(s) URL`);
+    throw new SeedkeeperError(`${what} is not an http: or https: URL`);
+  }
+  if (parsed.username || parsed.password) {
+    throw new SeedkeeperError(`${what} has a user name or password`);
   }
   if (parsed.search || parsed.hash) throw new SeedkeeperError(`${what} has a query or a fragment`);
 }

@@ -8,8 +8,9 @@ export class SeedkeeperError extends Error {
   override name = "SeedkeeperError";
 }
 
-/** A 4xx or 5xx answer; `reason` is its reason token (`body.error`, else `body.message`,
- * else "unknown"), `body` the answer's JSON (or `{error: text}` for one that is not JSON). */
+/** Any answer but a 2xx: a 4xx or 5xx, or a redirect (never followed). `reason` is its
+ * reason token (`body.error`, else `body.message`, else "unknown"), `body` the answer's JSON
+ * (or `{error: text}` for one that is not JSON). */
 export class SeedkeeperRefused extends SeedkeeperError {
   override name = "SeedkeeperRefused";
 
@@ -32,9 +33,17 @@ export class BadAnswer extends SeedkeeperError {
   override name = "BadAnswer";
 }
 
-/** No answer: refused, reset or timed out. The message names the cause's code only. */
+/** No answer: refused, reset or timed out (or `AnswerTooLarge`). The message names the
+ * cause's code only. */
 export class Unreachable extends SeedkeeperError {
   override name = "Unreachable";
+}
+
+/** More than a function URL can answer (`MAX_ANSWER_BYTES`, Lambda's 6 MB), 2xx or not:
+ * no answer of Seedkeeper's, so an `Unreachable` (treat it as an answer not received). The
+ * client stops reading it there: it is never read whole. */
+export class AnswerTooLarge extends Unreachable {
+  override name = "AnswerTooLarge";
 }
 
 /** `seed(..., {wait: true})` polled past its timeout and the slot is still seeding. */

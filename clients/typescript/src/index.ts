@@ -2,6 +2,7 @@ export {
   SeedkeeperClient,
   FUNCTIONS,
   FINAL_TIMEOUT_MS,
+  MAX_ANSWER_BYTES,
   POLL_INTERVAL_MS,
   REQUEST_TIMEOUT_MS,
   type ClientOptions,
@@ -10,6 +11,7 @@ export {
 } from "./client.js";
 export { isCold, isNotSeeded, isSeeded, isSeeding, sameClaim } from "./answers.js";
 export {
+  AnswerTooLarge,
   BadAnswer,
   ClaimNotEchoed,
   SeedkeeperError,

@@ -10,8 +10,10 @@ import { createServer } from "node:http";
 import { after, before, beforeEach, describe, it } from "node:test";
 
 import {
+  AnswerTooLarge,
   BadAnswer,
   ClaimNotEchoed,
+  MAX_ANSWER_BYTES,
   SeedkeeperClient,
   SeedkeeperError,
   SeedkeeperRefused,
@@ -48,7 +50,15 @@ const INCARNATION = "local:slot-1:1";
 
 /**
  * @typedef {{method: string, path: string, rawHeaders: string[], body: string}} Seen
- * @typedef {{status: number, body: unknown, raw?: string, type?: string}} Answer
+ * @typedef {import("node:http").ServerResponse} Reply
+ * @typedef {{
+ *   status: number,
+ *   body: unknown,
+ *   raw?: string,
+ *   type?: string,
+ *   headers?: Record<string, string>,
+ *   send?: (response: Reply) => void,
+ * }} Answer
  */
 
 /** A fake function URL: answers from a queue (the last one repeats), records each request. */
@@ -68,8 +78,12 @@ class FakeUrl {
       });
       const answer = this.answers.length > 1 ? this.answers.shift() : this.answers[0];
       if (answer === undefined) throw new Error("no answer queued");
+      if (answer.send) return answer.send(response);
       const text = answer.raw ?? JSON.stringify(answer.body);
-      response.writeHead(answer.status, { "Content-Type": answer.type ?? "application/json" });
+      response.writeHead(answer.status, {
+        "Content-Type": answer.type ?? "application/json",
+        ...answer.headers,
+      });
       response.end(text);
     });
   });
@@ -147,6 +161,64 @@ function keptAlive(slot, changes = {}) {
     frozen: false,
     ...changes,
   };
+}
+
+/**
+ * An answer written in 64 KiB chunks of `x` until `total` bytes (for ever by default),
+ * with `declared` as its Content-Length (none: chunked). An answer that declares more
+ * than it has sent is held open. `sent` says how much went out and whether the client
+ * hung up (`closed` resolves then).
+ * @param {number} status
+ * @param {{total?: number, declared?: number}} [options]
+ */
+function streamed(status, { total = Infinity, declared } = {}) {
+  const sent = { bytes: 0, hungUp: false };
+  /** @type {(value: null) => void} */
+  let hungUp = () => {};
+  /** @type {Promise<null>} */
+  const closed = new Promise((resolve) => (hungUp = resolve));
+  /** @type {Answer} */
+  const answer = {
+    status,
+    body: null,
+    send(response) {
+      response.on("error", () => {});
+      response.on("close", () => {
+        sent.hungUp = !response.writableFinished;
+        hungUp(null);
+      });
+      response.writeHead(status, {
+        "Content-Type": "application/json",
+        ...(declared === undefined ? {} : { "Content-Length": String(declared) }),
+      });
+      const chunk = Buffer.alloc(64 * 1024, "x");
+      const pump = () => {
+        while (sent.bytes < total && !response.destroyed) {
+          const part = chunk.subarray(0, Math.min(chunk.length, total - sent.bytes));
+          sent.bytes += part.length;
+          if (!response.write(part)) return void response.once("drain", pump);
+        }
+        if (sent.bytes >= total && (declared === undefined || declared === total)) response.end();
+      };
+      pump();
+    },
+  };
+  return { answer, sent, closed };
+}
+
+/**
+ * `promise`, or a rejection after `ms`.
+ * @template T
+ * @param {Promise<T>} promise
+ * @param {number} ms
+ */
+function within(promise, ms) {
+  /** @type {ReturnType<typeof setTimeout> | undefined} */
+  let timer;
+  const late = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`not within ${ms} ms`)), ms);
+  });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
 }
 
 // -- an independent SigV4 verifier (service lambda) --------------------------------------------
@@ -606,6 +678,90 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
       });
       await assert.rejects(client.keepalive("slot-1", null), /body\.claim is not there/);
     });
+
+    it("names the field for every route's answer (a 2xx that is not its shape)", async () => {
+      const fresh = {
+        resource: "widgets",
+        ref: "main",
+        sha: "a".repeat(40),
+        created_at: 1,
+        checkout: { backup_id: "c-1", size: 1, sha256: "b".repeat(64) },
+      };
+      const snapshot = { ...fresh, generation: 1 };
+      /** @type {[string, () => Promise<unknown>, unknown, RegExp][]} */
+      const cases = [
+        ["seed", () => client.seed("slot-1", null), { seeded: "yes" }, /body\.seeded /],
+        [
+          "a cold seed",
+          () => client.seed("slot-1", null),
+          { state: "unseeded", slot: "slot-1" },
+          /body\.attempt is not there/,
+        ],
+        [
+          "a seeding seed",
+          () => client.seed("slot-1", SEED, { claim: CLAIM }),
+          seeding("slot-1", { claim: { ...CLAIM, run: 1 } }),
+          /body\.claim\.run is not a string/,
+        ],
+        [
+          "slot evidence",
+          () => client.slotEvidence("slot-1", { claim: CLAIM }),
+          {
+            slot: "slot-1",
+            incarnation: null,
+            state: "x",
+            checkpoint: "present",
+            disposition: "gone",
+          },
+          /body\.disposition is not one of/,
+        ],
+        [
+          "publish",
+          () => client.publish(fresh),
+          {
+            resource: "widgets",
+            rotated: true,
+            current: fresh,
+            retired: null,
+            payment: {},
+          },
+          /body\.current\.generation is not there/,
+        ],
+        [
+          "a snapshot status",
+          () => client.snapshotStatus("widgets"),
+          {
+            resource: "widgets",
+            current: null,
+            retired: null,
+            seed_handle: null,
+            deps: [{ lockfile_hash: "h", archive: snapshot.checkout, generation: "1" }],
+            pending_deletions: [],
+            objects: { recorded: 0, present: null },
+          },
+          /body\.deps\[0\]\.generation is not an integer/,
+        ],
+        [
+          "a deletion",
+          () => client.deleteSnapshots("widgets"),
+          { deleted: "c-1" },
+          /body\.deleted is not a list/,
+        ],
+        [
+          "healthz",
+          () => client.healthz(),
+          { ok: "yes", build: "b", backupTransfer: "r2" },
+          /body\.ok is not a boolean/,
+        ],
+        ["a list", () => client.healthz(), [], /body is not an object/],
+      ];
+      for (const [route, call, body, field] of cases) {
+        fake.answer({ status: 200, body });
+        const error = await call().catch((e) => e);
+        assert.ok(error instanceof BadAnswer, `${route}: ${error}`);
+        assert.match(error.message, field, route);
+      }
+    });
   });
 
   describe("refusals and bad answers", () => {
@@ -675,12 +831,6 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
       await assert.rejects(client.healthz(), BadAnswer);
     });
 
-    it("does not follow a redirect with its signature", async () => {
-      fake.answer({ status: 307, body: {} });
-      await assert.rejects(client.healthz(), /redirect \(307\)/);
-      assert.equal(fake.seen.length, 1);
-    });
-
     it("never names the URL, a key or the signature in an error", async () => {
       const errors = [];
       for (const answer of [
@@ -688,6 +838,8 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
         { status: 200, body: null, raw: "nope" },
         { status: 200, body: seeded({ claim: null }) },
         { status: 200, body: { ok: "yes" } },
+        { status: 302, body: null, raw: "", headers: { Location: `${fake.url}/secret-path` } },
+        streamed(200, { total: MAX_ANSWER_BYTES + 1 }).answer,
       ]) {
         fake.answer(answer);
         errors.push(await client.seed("slot-1", SEED, { claim: CLAIM }).catch((e) => e));
@@ -714,6 +866,158 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
       }
       assert.ok(errors.at(-1) instanceof Unreachable);
       assert.equal(errors.at(-1).cause, undefined);
+    });
+  });
+
+  describe("redirects", () => {
+    const elsewhere = new FakeUrl();
+    before(() => elsewhere.start());
+    after(() => elsewhere.stop());
+    beforeEach(() =>
+      elsewhere.answer({ status: 200, body: { ok: true, build: "x", backupTransfer: "r2" } }),
+    );
+
+    for (const status of [301, 302, 303, 307, 308]) {
+      it(`refuses a ${status} (GET, POST): signed headers never reach the Location`, async () => {
+        const redirect = {
+          status,
+          body: null,
+          raw: "",
+          headers: { Location: `${elsewhere.url}/collect` },
+        };
+        for (const call of [
+          () => client.healthz(),
+          () => client.seed("slot-1", SEED, { claim: CLAIM, wait: true, timeoutMs: 1000 }),
+        ]) {
+          fake.answer(redirect);
+          const error = await call().catch((e) => e);
+          assert.ok(error instanceof SeedkeeperRefused, `a ${status} is a refusal: ${error}`);
+          assert.equal(error.status, status);
+          assert.equal(error.reason, "unknown");
+          assert.ok(!error.message.includes(elsewhere.url), "the Location is not named");
+          assert.equal(fake.seen.length, 1, "asked once");
+        }
+        assert.deepEqual(elsewhere.seen, [], "nothing reached the Location's host");
+      });
+    }
+
+    it("maps a redirect's JSON reason as any refusal's", async () => {
+      fake.answer({
+        status: 302,
+        body: { message: "Moved" },
+        headers: { Location: `${elsewhere.url}/collect` },
+      });
+      await assert.rejects(client.healthz(), { status: 302, reason: "Moved" });
+      assert.deepEqual(elsewhere.seen, []);
+    });
+
+    it("hands a fetch of the caller's a request that does not follow redirects", async () => {
+      /** @type {string[]} */
+      const modes = [];
+      const own = new SeedkeeperClient({
+        baseUrl: fake.url,
+        credentials: KEYS,
+        fetch: (request, init) => {
+          modes.push(request.redirect);
+          return fetch(request, init);
+        },
+      });
+      fake.answer({
+        status: 307,
+        body: null,
+        raw: "",
+        headers: { Location: `${elsewhere.url}/x` },
+      });
+      await assert.rejects(own.healthz(), { status: 307 });
+      assert.deepEqual(modes, ["manual"], "the signed request itself is manual");
+      assert.deepEqual(elsewhere.seen, []);
+    });
+  });
+
+  describe("answers longer than a function URL sends", () => {
+    const EMPTY_HEALTH = JSON.stringify({ ok: true, build: "", backupTransfer: "r2" });
+    /** A healthz answer of exactly `size` bytes. @param {number} size */
+    function healthOf(size) {
+      const build = "x".repeat(size - EMPTY_HEALTH.length);
+      return JSON.stringify({ ok: true, build, backupTransfer: "r2" });
+    }
+
+    it("is 6 MiB (Lambda's limit), and too large is an Unreachable", () => {
+      assert.equal(MAX_ANSWER_BYTES, 6 * 1024 * 1024);
+      const error = new AnswerTooLarge("x");
+      assert.ok(error instanceof Unreachable && error instanceof SeedkeeperError);
+      assert.equal(error.name, "AnswerTooLarge");
+    });
+
+    it("reads an answer of exactly the limit", async () => {
+      const raw = healthOf(MAX_ANSWER_BYTES);
+      assert.equal(Buffer.byteLength(raw), MAX_ANSWER_BYTES);
+      fake.answer({ status: 200, body: null, raw });
+      assert.equal((await client.healthz()).build.length, MAX_ANSWER_BYTES - EMPTY_HEALTH.length);
+    });
+
+    for (const status of [200, 500]) {
+      for (const declared of [false, true]) {
+        const how = declared ? "declared in its Content-Length" : "sent chunked";
+        it(`refuses a ${status} one byte longer, ${how}`, async () => {
+          const total = MAX_ANSWER_BYTES + 1;
+          const { answer } = streamed(status, declared ? { total, declared: total } : { total });
+          fake.answer(answer);
+          await assert.rejects(
+            client.healthz(),
+            (error) =>
+              error instanceof AnswerTooLarge &&
+              error.message === `the answer is longer than ${MAX_ANSWER_BYTES} bytes`,
+          );
+        });
+      }
+    }
+
+    it("counts bytes, not characters", async () => {
+      // 3 bytes a character: under the limit in characters, over it in bytes
+      const build = "€".repeat(MAX_ANSWER_BYTES / 3);
+      const raw = JSON.stringify({ ok: true, build, backupTransfer: "r2" });
+      assert.ok(raw.length < MAX_ANSWER_BYTES && Buffer.byteLength(raw) > MAX_ANSWER_BYTES);
+      fake.answer({ status: 200, body: null, raw });
+      await assert.rejects(client.healthz(), AnswerTooLarge);
+    });
+
+    it("trusts a Content-Length over the limit without reading the body", async () => {
+      // 10 bytes sent, more declared, the connection held open: reading would time out
+      const { answer, closed } = streamed(200, { total: 10, declared: MAX_ANSWER_BYTES + 1 });
+      fake.answer(answer);
+      const patient = new SeedkeeperClient({
+        baseUrl: fake.url,
+        credentials: KEYS,
+        requestTimeoutMs: 5000,
+      });
+      await assert.rejects(within(patient.healthz(), 2000), AnswerTooLarge);
+      await within(closed, 2000);
+    });
+
+    it("stops reading an endless answer past the limit, and hangs up", async () => {
+      const { answer, sent, closed } = streamed(200);
+      fake.answer(answer);
+      const patient = new SeedkeeperClient({
+        baseUrl: fake.url,
+        credentials: KEYS,
+        requestTimeoutMs: 10_000,
+      });
+      await assert.rejects(within(patient.healthz(), 5000), AnswerTooLarge);
+      await within(closed, 5000);
+      assert.ok(sent.hungUp, "the client closed the connection");
+      assert.ok(sent.bytes < 4 * MAX_ANSWER_BYTES, `${sent.bytes} bytes sent`);
+    });
+
+    it("refuses an endless refusal too, not as a SeedkeeperRefused", async () => {
+      const { answer, closed } = streamed(503);
+      fake.answer(answer);
+      const error = await within(client.seed("slot-1", SEED, { claim: CLAIM }), 5000).catch(
+        (e) => e,
+      );
+      assert.ok(error instanceof AnswerTooLarge, String(error));
+      assert.ok(!(error instanceof SeedkeeperRefused));
+      await within(closed, 5000);
     });
   });
 
@@ -753,7 +1057,7 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
       ]);
     });
 
-    it("says which function has no URL, and refuses a base that is not an http(s) URL", async () => {
+    it("says which function has no URL, and which base is not an http(s) URL", async () => {
       const partial = new SeedkeeperClient({ baseUrl: { seed: fake.url }, credentials: KEYS });
       await assert.rejects(
         partial.publish(/** @type {any} */ ({})),
@@ -761,12 +1065,90 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
       );
       assert.throws(
         () => new SeedkeeperClient({ baseUrl: "not a url", credentials: KEYS }),
-        /is not a URL/,
+        /the base URL \(baseUrl\) is not a URL/,
       );
       assert.throws(
         () => new SeedkeeperClient({ baseUrl: { seed: "ftp://x" }, credentials: KEYS }),
-        /seed URL is not an http/,
+        /the seed URL \(baseUrl\.seed\) is not an http/,
       );
+    });
+
+    const schemes = [
+      "file:///etc/passwd",
+      "data:,{}",
+      "ftp://127.0.0.1/x",
+      "ws://127.0.0.1/x",
+      "blob:https://secret.example/x",
+      "javascript:alert(1)",
+      "mailto:secret@example.com",
+      "about:blank",
+    ];
+    for (const url of schemes) {
+      const scheme = url.slice(0, url.indexOf(":") + 1);
+      it(`refuses a ${scheme} base URL, naming the option, never the URL`, () => {
+        /** @type {[import("seedkeeper-client").ClientOptions["baseUrl"], RegExp][]} */
+        const options = [
+          [url, /^the base URL \(baseUrl\) is not an http: or https: URL$/],
+          [
+            { seed: fake.url, rotation: url },
+            /^the rotation URL \(baseUrl\.rotation\) is not an http: or https: URL$/,
+          ],
+        ];
+        for (const [baseUrl, message] of options) {
+          const error = (() => {
+            try {
+              new SeedkeeperClient({ baseUrl, credentials: KEYS });
+            } catch (thrown) {
+              return thrown;
+            }
+          })();
+          assert.ok(error instanceof SeedkeeperError, `${scheme} is refused`);
+          assert.match(error.message, message);
+          assert.ok(!String(error.stack).includes(url), "the URL is not printed");
+        }
+      });
+    }
+
+    it("refuses a base URL with a user name or password, never printing it", () => {
+      /** @type {[unknown, RegExp][]} */
+      const cases = [
+        [
+          "http://user:pa55word@127.0.0.1:9",
+          /^the base URL \(baseUrl\) has a user name or password$/,
+        ],
+        [
+          { receipt: "https://pa55word@x.example" },
+          /^the receipt URL \(baseUrl\.receipt\) has a user/,
+        ],
+      ];
+      for (const [baseUrl, message] of cases) {
+        assert.throws(
+          () => new SeedkeeperClient({ baseUrl: /** @type {any} */ (baseUrl), credentials: KEYS }),
+          (error) =>
+            error instanceof SeedkeeperError &&
+            message.test(error.message) &&
+            !String(error.stack).includes("pa55word"),
+        );
+      }
+    });
+
+    it("names a baseUrl entry that is not a function's without printing its key", () => {
+      assert.throws(
+        () =>
+          new SeedkeeperClient({
+            baseUrl: /** @type {any} */ ({ "https://secret.example": "file:///x" }),
+            credentials: KEYS,
+          }),
+        (error) =>
+          error instanceof SeedkeeperError &&
+          /^a baseUrl entry is not an http: or https: URL$/.test(error.message),
+      );
+    });
+
+    it("accepts http: and https: base URLs, whatever their case", () => {
+      for (const baseUrl of ["https://abc.lambda-url.us-east-1.on.aws/", "HTTP://127.0.0.1:8787"]) {
+        assert.ok(new SeedkeeperClient({ baseUrl, credentials: KEYS }));
+      }
     });
 
     it("is Unreachable when nothing answers in time", async () => {
