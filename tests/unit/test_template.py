@@ -64,7 +64,14 @@ READS: dict[str, tuple[type[BaseSettings], ...]] = {
     "slot_evidence": (StoreSettings, R2Settings),
     "rotation": (StoreSettings, R2Settings),
     "checkpoint": (StoreSettings, R2Settings, RetentionSettings, TaskRoleSettings, RuntimeSettings),
-    "idle_sweep": (StoreSettings, R2Settings, RuntimeSettings, SweepSettings, PoolSettings),
+    "idle_sweep": (
+        StoreSettings,
+        R2Settings,
+        RuntimeSettings,
+        SweepSettings,
+        PoolSettings,
+        RetentionSettings,
+    ),
 }
 # The slot task reads no table setting: its record is its API's (the checkpoint function).
 SLOT_TASK_READS: tuple[type[BaseSettings], ...] = (TaskSettings, CheckpointSettings)
@@ -560,8 +567,9 @@ def test_the_slot_task_runs_as_many_threads_as_its_cpu(
 
 
 def test_every_reader_of_the_park_retention_is_given_the_parameter(template: Template) -> None:
-    """The checkpoint function (a checkpoint's expiry, which a parked record's TTL follows)
-    reads the retention: it is given the parameter, never a default."""
+    """The checkpoint function (a checkpoint's expiry, which a parked record's TTL follows,
+    and a loss its task records) and the sweep (a loss it records) read the retention: each
+    is given the parameter, never a default."""
     for name, properties in functions(template).items():
         if RetentionSettings not in READS[name]:
             continue
