@@ -452,6 +452,44 @@ def test_every_value_a_parameter_allows_the_code_accepts(
     assert settings.model_fields[field].default == declared["Default"]
 
 
+# Strings a String parameter's AllowedPattern is held to: each it allows, the code must take
+# (else the stack deploys and every task, or every seed, fails), and these must be refused.
+STRING_PARAMETERS: list[tuple[str, type[BaseSettings], str, list[str], list[str]]] = [
+    (
+        "StandbyPollSeconds",
+        TaskSettings,
+        "standby_poll",
+        ["0.25", "1", "0.001", "59.99", "60", "60.0", "7"],
+        ["0", "0.0", "00", "60.5", "61", "100", "-1", "1e3", ".5", ""],
+    ),
+    (
+        "StandbyPreseeded",
+        PoolSettings,
+        "preseeded",
+        ["{}", '{"widgets": 2}', '{"a": 0, "b.c-d_e": 100}', '{ "widgets" : 1 }'],
+        ["{x}", '{"widgets": 101}', '{"../x": 1}', '{"widgets": "2"}', '{"a": 1,}', "[]"],
+    ),
+]
+
+
+@pytest.mark.parametrize("row", STRING_PARAMETERS, ids=[row[0] for row in STRING_PARAMETERS])
+def test_every_string_a_parameter_allows_the_code_accepts(
+    template: Template,
+    monkeypatch: pytest.MonkeyPatch,
+    row: tuple[str, type[BaseSettings], str, list[str], list[str]],
+) -> None:
+    parameter, settings, field, allowed, refused = row
+    declared = template["Parameters"][parameter]
+    pattern = re.compile(declared["AllowedPattern"])
+    variable = f"{settings.model_config.get('env_prefix', '')}{field}".upper()
+    for value in [*allowed, declared["Default"]]:
+        assert pattern.fullmatch(value), value
+        monkeypatch.setenv(variable, value)
+        settings()  # the code takes it
+    for value in refused:
+        assert pattern.fullmatch(value) is None, value
+
+
 def test_the_parameters_the_issue_lists_exist(template: Template) -> None:
     parameters = template["Parameters"]
     for name in (
