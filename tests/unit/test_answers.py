@@ -6,12 +6,15 @@ from __future__ import annotations
 import ast
 import inspect
 import typing
+from http import HTTPStatus
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from seedkeeper.api import answers
+from seedkeeper.api.answers import answer
 from seedkeeper.domain import outcomes, task_api
+from seedkeeper.domain.refused import Refused
 from seedkeeper.domain.transitions import TOUCH
 from seedkeeper.errors import (
     MalformedRecord,
@@ -107,3 +110,11 @@ def test_every_refusal_a_service_makes_has_a_status() -> None:
     assert lost | {"backup-id-reused"} == set(RECORD_REFUSALS)
     declared = {NO_MATCH, *REFUSALS, *KEEPALIVE_REFUSALS, *RECORD_REFUSALS}
     assert written | touch | errors | declared <= set(answers.REFUSALS)
+
+
+def test_a_resume_the_op_window_cannot_hold_is_a_retry_not_a_crash() -> None:
+    """A parked record whose op window is full cannot reserve the resume's restore: the
+    owner is told to come back (503), never answered by an unhandled error."""
+    refused = SeedService._not_resumed(Refused("window-full"))
+    assert isinstance(refused, Refused)
+    assert answer(refused).status_code == HTTPStatus.SERVICE_UNAVAILABLE
