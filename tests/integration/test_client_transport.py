@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from botocore.credentials import Credentials
 
-from seedkeeper_client import BadAnswer, SeedkeeperClient, SeedkeeperRefused
+from seedkeeper_client import BadAnswer, SeedkeeperClient, SeedkeeperError, SeedkeeperRefused
 from seedkeeper_client.transport import MAX_ANSWER_BYTES, AnswerTooLarge, signed_call
 
 CREDENTIALS = Credentials("AKIDEXAMPLE", "secret", "session-token-never-forwarded")
@@ -123,3 +123,9 @@ def test_an_answer_longer_than_a_function_url_sends_is_not_read_whole(status: in
 def test_only_an_http_url_is_called(url: str) -> None:
     with pytest.raises(ValueError, match="https://"):
         signed_call("GET", url, None, credentials=CREDENTIALS, region="us-east-1", timeout=5)
+
+
+def test_a_call_to_a_function_given_no_url_says_which() -> None:
+    client = SeedkeeperClient({"seed": "https://seed.example"}, credentials=CREDENTIALS)
+    with pytest.raises(SeedkeeperError, match="no URL given for the rotation function"):
+        client.snapshot_status("widgets")

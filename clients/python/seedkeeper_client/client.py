@@ -192,6 +192,8 @@ class SeedkeeperClient:
         if isinstance(self._urls, str):
             return self._urls.rstrip("/") + path
         name = function or next(f for p, f in FUNCTIONS.items() if path.startswith(p))
+        if name not in self._urls:
+            raise SeedkeeperError(f"no URL given for the {name} function")
         return self._urls[name].rstrip("/") + path
 
     def _call(
