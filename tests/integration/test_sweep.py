@@ -375,3 +375,29 @@ def rotation_of(store: SnapshotStore, new: NewSnapshot) -> Rotation:
     plan = plan_rotation(store.read(new.resource), new, now=NOW)
     assert isinstance(plan, Rotation)
     return plan
+
+
+@dataclass
+class RefusingStops(FakeRuntime):
+    """ECS refuses every StopTask (throttled, or down)."""
+
+    def stop(self, incarnation: str) -> None:
+        raise RuntimeUnavailable("ThrottlingException", retryable=True)
+
+
+def test_a_stop_the_platform_refuses_is_counted_as_such_and_stopped_again(
+    table: Table, lifecycle: Lifecycle
+) -> None:
+    """The cold slot is fenced (closing) but its task not stopped: retained as
+    `stop-failed`, not as if a poll had touched it, and the next sweep stops it again."""
+    stored_in(lifecycle, "cold", State.UNSEEDED, INCARNATION)
+    runtime = RefusingStops(states={INCARNATION: RUNNING})
+    first = sweeper(table, runtime).sweep()
+    assert first.retained == {"stop-failed": 1}
+    assert first.stopped == []
+    closing = lifecycle.read("cold")
+    assert isinstance(closing, Supported)
+    assert closing.record.state is State.CLOSING
+    working = FakeRuntime(states={INCARNATION: RUNNING})
+    second = sweeper(table, working).sweep()
+    assert (second.stopped, working.stopped) == (["cold"], [INCARNATION])

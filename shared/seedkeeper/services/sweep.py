@@ -224,14 +224,26 @@ class Sweeper:
             self._lose(disposition, report)
             return
         slot = disposition.record.slot
-        if isinstance(disposition, Finish):
-            done = self._close(disposition.record, disposition.park, now)
-        else:
-            fence = FENCE_PARK if isinstance(disposition, Park) else FENCE
-            fenced = self._lifecycle.write(fence, disposition.record, At(now))
-            # Touched, seeded or moved in the meantime: retained.
-            parking = isinstance(disposition, Park)
-            done = self._close(fenced.record, parking, now) if isinstance(fenced, Written) else None
+        try:
+            if isinstance(disposition, Finish):
+                done = self._close(disposition.record, disposition.park, now)
+            else:
+                fence = FENCE_PARK if isinstance(disposition, Park) else FENCE
+                fenced = self._lifecycle.write(fence, disposition.record, At(now))
+                # Touched, seeded or moved in the meantime: retained.
+                parking = isinstance(disposition, Park)
+                done = (
+                    self._close(fenced.record, parking, now)
+                    if isinstance(fenced, Written)
+                    else None
+                )
+        except RuntimeUnavailable:
+            # Fenced, its task not stopped: it stays closing, and the next run stops it.
+            logger.warning("stop failed; the slot stays closing", slot=slot)
+            report.retained["stop-failed"] += 1
+            if now - disposition.record.idle_deadline > self._retained_alert_after:
+                report.retained_long["stop-failed"] += 1
+            return
         if not done:
             report.retained["touched"] += 1
         elif done.state is State.PARKED:
@@ -253,14 +265,11 @@ class Sweeper:
 
     def _close(self, record: SlotRecord, park: bool, now: int) -> SlotRecord | None:
         """Stop the fenced slot's task, then retire it, or park it when its checkpoint
-        counts (kept until the checkpoint expires, and a tombstone's time after)."""
+        counts (kept until the checkpoint expires, and a tombstone's time after); None when
+        the record moved meanwhile."""
         stop = next(e for e in record.window.entries if e.kind is OpKind.STOP and not e.settled)
         assert record.incarnation is not None
-        try:
-            self._runtime().stop(record.incarnation)
-        except RuntimeUnavailable:
-            logger.warning("stop failed; the slot stays closing", slot=record.slot)
-            return None
+        self._runtime().stop(record.incarnation)  # RuntimeUnavailable: the caller's to count
         tombstone = self._settings.tombstone
         if park:
             assert record.checkpoint is not None
