@@ -21,10 +21,15 @@ with handler_imports():  # no collection over what lives as long as the process
 app = function_url_app()
 
 
-@app.post("/snapshots", responses=documented([Recorded], (*REQUEST_REFUSALS, *RECORD_REFUSALS)))
+@app.post(
+    "/snapshots",
+    responses=documented([Recorded], (*REQUEST_REFUSALS, *RECORD_REFUSALS, "rotation-conflict")),
+)
 def record(snapshot: NewSnapshot) -> Response[str]:
     """201 rotated, 200 the current snapshot again; 409 `backup-id-owned` when an id was
-    first recorded by another resource (nothing is written), or another reason token."""
+    first recorded by another resource (nothing is written), `rotation-conflict` when
+    another rotation of the resource committed first (publish again), or another reason
+    token."""
     return answer(snapshots_from_env().record(snapshot))
 
 

@@ -233,7 +233,7 @@ def _parser() -> argparse.ArgumentParser:
     actions = resources.add_subparsers(dest="action", required=True)
     for action, run, text in [
         ("show", _show_snapshots, "both generations, the seed handle, pending deletions"),
-        ("delete", _delete_snapshots, "delete every recorded object, then the records"),
+        ("delete", _delete_snapshots, "remove the records, then delete the objects they named"),
     ]:
         sub = actions.add_parser(action, parents=[store], help=text)
         sub.add_argument("resource", type=_valid(ResourceName))
