@@ -256,6 +256,28 @@ def test_the_pool_is_kept_at_its_target_and_what_it_retires_is_stopped(stack: St
     assert len(standbys(stack).pool(BLANK_POOL)) == 2
 
 
+def test_a_standby_that_never_reports_in_is_a_start_failure(stack: Stack) -> None:
+    """Its task runs but never asks for its assignment (an image that cannot reach the
+    checkpoint function): given up after the start timeout, and counted for the alarm as
+    one whose task stopped before it was free is."""
+    tasks = Tasks()
+
+    def pool_at(now: int) -> StandbyPool:
+        return StandbyPool(
+            standbys=standbys(stack),
+            snapshots=SnapshotStore(stack.table),
+            runtime=tasks,
+            settings=PoolSettings(pool=1, max_age=3600, start_timeout=600),
+            clock=lambda: now,
+        )
+
+    assert pool_at(NOW).tend().launched == 1
+    assert pool_at(NOW + 599).tend().start_failures == 0  # still starting
+    later = pool_at(NOW + 600).tend()
+    assert (later.retired, later.start_failures, later.launched) == (1, 1, 1)
+    assert tasks.stopped == tasks.launched[:1]
+
+
 # -- the standby's own calls ------------------------------------------------------------
 
 

@@ -178,6 +178,20 @@ class PoolPlan:
     retire: tuple[Standby, ...]
 
 
+def never_started(
+    standby: Standby, *, settings: PoolSettings, gone: frozenset[str], now: int
+) -> bool:
+    """A standby that did not start: its task stopped before it was free, or it has not
+    reported in within the start timeout (alive or not, it is given up)."""
+    stopped = standby.incarnation is not None and standby.incarnation in gone
+    waiting = standby.state in {StandbyState.STARTING, StandbyState.PREPARING}
+    silent = (
+        standby.state is StandbyState.STARTING
+        and now - standby.launched_at >= settings.start_timeout
+    )
+    return (waiting and stopped) or silent
+
+
 def tend(
     standbys: list[Standby],
     *,
@@ -195,12 +209,10 @@ def tend(
     retire: list[Standby] = []
     kept: list[Standby] = []
     for standby in (s for s in standbys if s.state in LIVE):
-        age = now - standby.launched_at
-        stale = age >= settings.max_age or (
-            standby.state is StandbyState.STARTING and age >= settings.start_timeout
-        )
+        aged = now - standby.launched_at >= settings.max_age
+        given_up = aged or never_started(standby, settings=settings, gone=gone, now=now)
         dead = standby.incarnation is not None and standby.incarnation in gone
-        (retire if stale or dead or standby.preseed != wanted else kept).append(standby)
+        (retire if given_up or dead or standby.preseed != wanted else kept).append(standby)
     surplus = len(kept) - target
     if surplus > 0:
         # The warmest stay: the oldest ready ones (and they are the first to age out).

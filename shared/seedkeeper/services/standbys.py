@@ -32,6 +32,7 @@ from seedkeeper.domain.standby import (
     PoolSettings,
     Standby,
     StandbyState,
+    never_started,
     tend,
 )
 from seedkeeper.domain.task_api import StandbyAnswer, StandbyCall
@@ -164,10 +165,10 @@ class StandbyPool:
         plan = tend(
             standbys, target=target, wanted=wanted, settings=self._settings, gone=gone, now=now
         )
-        # A standby whose task stopped before it was free never started: counted, alarmed on.
+        # A standby whose task stopped before it was free, or that never reported in, never
+        # started: counted, alarmed on.
         report.start_failures += sum(
-            s.state in {StandbyState.STARTING, StandbyState.PREPARING} and s.incarnation in gone
-            for s in plan.retire
+            never_started(s, settings=self._settings, gone=gone, now=now) for s in plan.retire
         )
         # Retired ones are stopped, then forgotten: these, and those an earlier look (or a
         # standby's own call) retired whose stop is still to do.

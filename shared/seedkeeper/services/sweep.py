@@ -50,6 +50,7 @@ from seedkeeper.domain.sweep import (
     Park,
     RequestCheckpoint,
     Retain,
+    Stop,
     asks,
     decide,
 )
@@ -223,6 +224,11 @@ class Sweeper:
         if isinstance(disposition, Lose):
             self._lose(disposition, report)
             return
+        self._end(disposition, now, report)
+
+    def _end(self, disposition: Finish | Park | Stop, now: int, report: Report) -> None:
+        """Fence the slot (unless a fence is already there to finish), stop its task, then
+        retire or park it: counted as what it became, or as why it stayed."""
         slot = disposition.record.slot
         try:
             if isinstance(disposition, Finish):
