@@ -214,10 +214,9 @@ def test_the_tools_clients_use_the_standard_retry_mode_with_explicit_timeouts(
         aws.ECS,
         aws.R2,
         aws.SECRETS_MANAGER,
-        aws.SLOT_TASK_DYNAMODB,
         aws.TOOLS,
     ],
-    ids=["dynamodb", "ecs", "r2", "secrets-manager", "slot-task-dynamodb", "tools"],
+    ids=["dynamodb", "ecs", "r2", "secrets-manager", "tools"],
 )
 def test_each_budgets_arithmetic_is_botocores(budget: aws.Budget) -> None:
     """The worst case each budget's comment states is the one botocore's backoff allows."""

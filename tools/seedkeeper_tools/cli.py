@@ -432,7 +432,8 @@ def _port(value: str) -> int:
 
 
 def _idle_window(value: str) -> int:
-    """Seconds, within the bounds a deployment's `IdleWindowSeconds` takes."""
+    """Seconds, within the code's bounds: from 1 (a demo's) to a week; a deployment's
+    `IdleWindowSeconds` starts at 60."""
     try:
         return IdleSettings(idle_window=int(value)).idle_window
     except (ValueError, ValidationError) as invalid:

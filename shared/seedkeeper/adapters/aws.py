@@ -81,10 +81,6 @@ ECS = Budget(connect=2, read=6, attempts=2)
 R2 = Budget(connect=2, read=5, attempts=2)
 # The R2 keys, read once per cold start when a secret holds them: 20 s of 30.
 SECRETS_MANAGER = Budget(connect=2, read=5, attempts=2)
-# The slot task's reads and settles. No function waits on it, but a stopped task has
-# StopTimeout (120 s) to join its downloads and settle its record, a read and a write:
-# 4 x (2 + 5) + (1 + 5) + (2 + 5) + (4 + 5) = 50 s a call, 100 s the pair, of 120.
-SLOT_TASK_DYNAMODB = Budget(connect=2, read=5, attempts=4)
 # A local stand-in for DynamoDB (moto, named by an endpoint): it shares a developer's or a
 # CI machine's cores with everything else, so a loaded one can take seconds to answer, and
 # no Lambda timeout applies there. A retried conditional write that had landed answers as a

@@ -46,6 +46,8 @@ _LIVE_PARTITION = re.compile(r"live#[0-9]{2}")
 # Up to the last second of the year 9999: no later time is one a clock, a table or
 # Python's datetime can show (a 20-digit "time" was recorded, and listing it crashed).
 EpochSeconds = Annotated[int, Field(ge=0, le=253_402_300_799)]
+# A duration a task measured (a seed's steps).
+Milliseconds = Annotated[int, Field(ge=0)]
 Detail = Annotated[str, Field(max_length=512)]
 
 
@@ -86,8 +88,8 @@ class SeedSucceeded(Model):
     ref: BranchRef
     head: GitSha
     from_backup: BackupId
-    steps: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")], EpochSeconds]
-    ms: EpochSeconds
+    steps: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")], Milliseconds]
+    ms: Milliseconds
     resumed: bool = False  # restored from the slot's own checkpoint, not from the snapshot
 
 
