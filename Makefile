@@ -108,7 +108,8 @@ test: setup ## Run the whole test suite (unit, integration, e2e), in parallel
 unit: setup ## Run the network-free unit tests (tests/unit) only: seconds
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
-lint: setup checkov-cli ## ruff (lint and format check), mypy, and checkov on template.yaml (offline; .checkov.yaml lists each skip and why)
+# mypy checks the docs' hooks too, so it needs the docs extra (mkdocs, matplotlib).
+lint: setup $(DOCS_STAMP) checkov-cli ## ruff (lint and format check), mypy, and checkov on template.yaml (offline; .checkov.yaml lists each skip and why)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
