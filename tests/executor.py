@@ -9,7 +9,7 @@ from botocore.credentials import Credentials
 
 from builders import ORIGIN
 from seedkeeper.adapters.r2 import R2, R2Settings
-from seedkeeper_client import Archive, NewSnapshot, OwnerClaim, SeedIdentity, SeedkeeperClient
+from seedkeeper_client import NewSnapshot, OwnerClaim, SeedIdentity, SeedkeeperClient
 from seedkeeper_tools.local.stack import LocalStack
 from seedkeeper_tools.publish import backup_id_for, head_of, upload_archive
 
@@ -34,7 +34,7 @@ def publish(client: SeedkeeperClient, repo: Path, scratch: Path) -> SeedIdentity
             ref=ref,
             sha=sha,
             created_at=1_800_000_000,
-            checkout=Archive.model_validate(archive.model_dump()),
+            checkout=archive.model_dump(),
         )
     )
     handle = client.snapshot_status("widgets").seed_handle

@@ -23,6 +23,7 @@ from seedkeeper.domain.caller import NOT_THIS_TASK
 from seedkeeper.domain.opwindow import OpRef
 from seedkeeper.domain.record import SeedFailed, SeedSucceeded, SlotRecord
 from seedkeeper.domain.task_api import StandbyAnswer, StandbyCall, TaskRecord, TaskWrite
+from seedkeeper_client.transport import refusal_reason
 from seedkeeper_task import function_url
 
 M = TypeVar("M", bound=BaseModel)
@@ -85,8 +86,7 @@ class TaskApi:
                 continue
             if status < 300:
                 return answer
-            reason = answer.get("error") or answer.get("message") or f"http-{status}"
-            failure = Refused(str(reason)[:64])
+            failure = Refused(refusal_reason(answer, f"http-{status}"))
             if status < 500 and status != 429:
                 break
         raise failure

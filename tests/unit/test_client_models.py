@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from functools import partial
 from typing import Any
 
 import pytest
@@ -45,6 +46,28 @@ def wire(model: type[BaseModel]) -> dict[str, tuple[bool, Any]]:
     }
 
 
+# What a model's JSON Schema says beyond the wire's types: its prose, the server's bounds on
+# a value (the server checks them; the client need not), and the server's refusal of unknown
+# fields (the client ignores them, so a newer server's answer still reads).
+NOT_THE_TYPE = {"title", "description", "examples", "format", "pattern", "minLength"}
+NOT_THE_TYPE |= {"maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+NOT_THE_TYPE |= {"minItems", "maxItems"}
+
+
+def types(schema: Any) -> Any:
+    """`schema` with only the wire's types: each field's type, enum values, const, default
+    and required, nested models included."""
+    if isinstance(schema, dict):
+        return {
+            key: types(value)
+            for key, value in schema.items()
+            if key not in NOT_THE_TYPE and not (key == "additionalProperties" and value is False)
+        }
+    if isinstance(schema, list):
+        return [types(value) for value in schema]
+    return schema
+
+
 @pytest.mark.parametrize(("client", "server"), SHAPES.items(), ids=lambda m: m.__name__)
 def test_a_client_model_says_the_fields_the_server_says(
     client: type[BaseModel], server: type[BaseModel]
@@ -52,10 +75,21 @@ def test_a_client_model_says_the_fields_the_server_says(
     assert wire(client) == wire(server)
 
 
+@pytest.mark.parametrize(("client", "server"), SHAPES.items(), ids=lambda m: m.__name__)
+def test_a_client_model_types_each_field_as_the_server_does(
+    client: type[BaseModel], server: type[BaseModel]
+) -> None:
+    """An enum value the server adds, or a field whose type changes, would make the client
+    refuse every real answer as a BadAnswer."""
+    assert types(client.model_json_schema(by_alias=True)) == types(
+        server.model_json_schema(by_alias=True)
+    )
+
+
 def test_every_model_the_client_exports_is_held_to_the_server() -> None:
     exported = {
         value
-        for value in vars(seedkeeper_client).values()
+        for value in map(partial(getattr, seedkeeper_client), seedkeeper_client.__all__)
         if isinstance(value, type) and issubclass(value, BaseModel)
     }
     assert exported == set(SHAPES)

@@ -19,6 +19,9 @@ DEFERRED = (
     "seedkeeper.store.lifecycle",
     "seedkeeper.store.snapshots",
     "seedkeeper.config",
+    # the executor's client: the task signs with its transport alone
+    "seedkeeper_client.client",
+    "seedkeeper_client.models",
 )
 
 

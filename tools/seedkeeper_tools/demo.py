@@ -43,7 +43,6 @@ from seedkeeper.observability import logger
 from seedkeeper.services.sweep import Report
 from seedkeeper.store.standbys import StandbyStore
 from seedkeeper_client import (
-    Archive,
     Cold,
     NewSnapshot,
     OwnerClaim,
@@ -419,7 +418,7 @@ def published_snapshot(repo: Path, resource: str, scratch: Path, r2: R2) -> NewS
         ref=ref,
         sha=sha,
         created_at=int(time.time()),
-        checkout=Archive.model_validate(archive.model_dump()),
+        checkout=archive.model_dump(),
     )
 
 

@@ -34,7 +34,7 @@ from seedkeeper_client.models import (
     Seeding,
     SnapshotStatus,
 )
-from seedkeeper_client.transport import SeedkeeperError, signed_call
+from seedkeeper_client.transport import SeedkeeperError, check_url, refusal_reason, signed_call
 
 # The function answering each path, when each function has its own URL.
 FUNCTIONS = {
@@ -75,10 +75,18 @@ class SeedkeeperClient:
         timeout: float = 30.0,
     ) -> None:
         """`base_url` is one URL for every route (the local stack), or one per function
-        (`seed`, `receipt`, `slot_evidence`, `rotation`) as a deployment outputs them.
-        `credentials` None: botocore's chain (the environment, a profile, a role), read
-        at each call, so refreshed ones are used."""
-        self._urls = base_url
+        (`seed`, `receipt`, `slot_evidence`, `rotation`) as a deployment outputs them: a bad
+        one raises ValueError naming it, never its text. `credentials` None: botocore's
+        chain (the environment, a profile, a role), resolved once; temporary ones refresh
+        themselves. `timeout` bounds each wait on the connection, not a whole call."""
+        if isinstance(base_url, str):
+            check_url(base_url, "base_url")
+        else:
+            for name, url in base_url.items():
+                if name not in FUNCTIONS.values():
+                    raise ValueError(f"base_url has a key that names no function: {name!r}")
+                check_url(url, f"base_url[{name!r}]")
+        self._urls = base_url if isinstance(base_url, str) else dict(base_url)
         self._region = region
         self._credentials = credentials
         self._timeout = timeout
@@ -147,10 +155,10 @@ class SeedkeeperClient:
         return _parsed(Recorded, self._call("POST", "/snapshots", body))
 
     def snapshot_status(self, resource: str) -> SnapshotStatus:
-        return _parsed(SnapshotStatus, self._call("GET", f"/snapshots/{quote(resource)}"))
+        return _parsed(SnapshotStatus, self._call("GET", f"/snapshots/{quote(resource, safe='')}"))
 
     def delete_snapshots(self, resource: str) -> Payment:
-        return _parsed(Payment, self._call("DELETE", f"/snapshots/{quote(resource)}"))
+        return _parsed(Payment, self._call("DELETE", f"/snapshots/{quote(resource, safe='')}"))
 
     def healthz(self, function: str = "seed") -> dict[str, Any]:
         return _json_object(self._call("GET", "/healthz", function=function))
@@ -201,27 +209,30 @@ class SeedkeeperClient:
     ) -> bytes:
         """The answer's JSON text; any other status (a redirect too: it is never followed)
         raises SeedkeeperRefused."""
-        credentials = self._credentials or get_session().get_credentials()
-        if credentials is None:
-            raise SeedkeeperError("no AWS credentials to sign with")
+        if self._credentials is None:
+            self._credentials = get_session().get_credentials()
+            if self._credentials is None:
+                raise SeedkeeperError("no AWS credentials to sign with")
         status, payload = signed_call(
             method,
             self._url(path, function),
             body,
-            credentials=credentials,
+            credentials=self._credentials,
             region=self._region,
             timeout=self._timeout,
         )
         if 200 <= status < 300:
             return payload
+        if status < 400:  # Seedkeeper never redirects: a redirect's body is not its refusal
+            raise SeedkeeperRefused(status, "redirected", {})
         try:
             detail = json.loads(payload)
         except ValueError:
             detail = {"error": payload.decode(errors="replace")[:200]}
+            raise SeedkeeperRefused(status, "unknown", detail) from None
         if not isinstance(detail, dict):
             detail = {"error": str(detail)[:200]}
-        reason = detail.get("error") or detail.get("message") or "unknown"
-        raise SeedkeeperRefused(status, str(reason), detail)
+        raise SeedkeeperRefused(status, refusal_reason(detail, "unknown"), detail)
 
 
 def _json_object(text: bytes) -> dict[str, Any]:

@@ -4,7 +4,9 @@ the slot task (its task role, to the checkpoint function). The URL is never in a
 
 from __future__ import annotations
 
+import http.client
 import json
+import unicodedata
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -52,8 +54,7 @@ def signed_call(
     timeout: float,
 ) -> tuple[int, bytes]:
     """The answer's status and body, a 3xx (never followed), 4xx or 5xx included."""
-    if urllib.parse.urlsplit(url).scheme not in ("https", "http"):
-        raise ValueError("a function URL is https:// (http:// for a local stack)")
+    check_url(url, "the function URL")
     data = json.dumps(body).encode() if body is not None else b""
     request = AWSRequest(
         method=method,
@@ -70,15 +71,54 @@ def signed_call(
             return response.status, _bounded(response)
     except urllib.error.HTTPError as refused:
         return refused.code, _bounded(refused)
-    except AnswerTooLarge:
-        raise  # an Unreachable of its own, not the one below
-    except (urllib.error.URLError, OSError) as failed:
+    except Unreachable:
+        raise  # _bounded's own (an Unreachable is an OSError too), not the one below
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as failed:
+        # HTTPException: a broken answer (a bad status line, an endless header, a body cut
+        # short) is no answer either, from Seedkeeper or from a proxy in between.
         reason = getattr(failed, "reason", failed)
         raise Unreachable(type(reason).__name__) from None
+
+
+def check_url(url: str, what: str) -> None:
+    """A URL a signed request may go to: http(s), a host, no user name or password, no query
+    or fragment (a route appended to it must stay the path). ValueError names `what`, never
+    the URL."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError:
+        raise ValueError(f"{what} is not a URL") from None
+    if parts.scheme not in ("https", "http"):
+        raise ValueError(f"{what} is not https:// (http:// for a local stack)")
+    if not parts.hostname:
+        raise ValueError(f"{what} names no host")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"{what} has a user name or password")
+    if "?" in url or "#" in url:
+        raise ValueError(f"{what} has a query or a fragment")
+    if any(ord(character) < 0x21 or ord(character) == 0x7F for character in url):
+        raise ValueError(f"{what} has a space or a control character")
+
+
+def refusal_reason(refusal: dict[str, Any], otherwise: str) -> str:
+    """A refusal's token, as far as an error message may carry it (a refusal may be a
+    proxy's, saying anything): the first of `error` and `message` that is a string with
+    something left once control characters are dropped, cut to 64 characters; else
+    `otherwise`."""
+    for field in ("error", "message"):
+        token = refusal.get(field)
+        if isinstance(token, str):
+            if kept := "".join(c for c in token if unicodedata.category(c) != "Cc")[:64]:
+                return kept
+    return otherwise
 
 
 def _bounded(response: Any) -> bytes:
     answer: bytes = response.read(MAX_ANSWER_BYTES + 1)
     if len(answer) > MAX_ANSWER_BYTES:
         raise AnswerTooLarge(f"the answer is longer than {MAX_ANSWER_BYTES} bytes")
+    declared = response.headers.get("Content-Length")
+    if declared is not None and declared.isdigit() and int(declared) != len(answer):
+        raise Unreachable("IncompleteRead")  # the connection ended inside the body
     return answer
