@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import boto3
 import pytest
@@ -59,6 +59,14 @@ make_moto_cheaper()
 # of its own: each process counts from a base of its own, from its pid (unique among live
 # processes), so no two of them ever give a slot the same uid. 500 uids for each pid.
 SLOT_UIDS_FROM_HERE = SLOT_UIDS_FROM + 500 * os.getpid()
+
+
+def cannot_run(what: str, why: str) -> NoReturn:
+    """Skips the test: `what` needs `why`. Under CI=true it fails instead: CI provides
+    everything a test needs, so a skip there would hide that nothing was tested."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} cannot run under CI: {why}")
+    pytest.skip(f"{what} need {why}")
 
 
 @pytest.fixture(autouse=True)

@@ -18,14 +18,15 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
+from conftest import cannot_run
 from seedkeeper_tools.local.docker import DEFAULT_IMAGE
 from seedkeeper_tools.sam_env import lambda_architecture
 
 REPOSITORY = Path(__file__).resolve().parents[2]
+CONTAINER_TESTS = "container tests"
 
 
 def _unavailable(image: str) -> str | None:
@@ -62,7 +63,7 @@ def slot_image() -> str:
     image = os.environ.get("SEEDKEEPER_SLOT_IMAGE", DEFAULT_IMAGE)
     why = _unavailable(image)
     if why is not None:
-        _cannot_run(f"Docker: {why}")
+        cannot_run(CONTAINER_TESTS, f"Docker: {why}")
     return image
 
 
@@ -71,26 +72,19 @@ def _needs_the_slot_image(slot_image: str) -> None:
     """Every test here runs in the slot image, or skips (fails under CI) without it."""
 
 
-def _cannot_run(why: str) -> NoReturn:
-    """Skips the test, saying why; fails it under CI, where everything is provided."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"container tests cannot run under CI: {why}")
-    pytest.skip(f"container tests need {why}")
-
-
 @pytest.fixture(scope="session")
 def lambda_image() -> str:
     """The Lambda Python 3.13 base image `sam local invoke` asks for on this machine: the
     public one, or the stand-in images/lambda-python builds under its name."""
     image = f"public.ecr.aws/lambda/python:3.13-{lambda_architecture()}"
     if shutil.which("docker") is None:
-        _cannot_run("Docker (no docker command on PATH)")
+        cannot_run(CONTAINER_TESTS, "Docker (no docker command on PATH)")
     for argv, needed in [
         (["docker", "info"], "a Docker engine (start dockerd)"),
         (["docker", "image", "inspect", image], f"the image {image} (run images/lambda-python)"),
     ]:
         if subprocess.run(argv, capture_output=True, timeout=30, check=False).returncode != 0:
-            _cannot_run(needed)
+            cannot_run(CONTAINER_TESTS, needed)
     return image
 
 
@@ -134,7 +128,7 @@ def sam_cli() -> SamCli:
     pythons = [*map(str, Path.home().glob(".pyenv/versions/3.13*/bin/python3.13"))]
     python = next(iter(pythons), None) or shutil.which("python3.13")
     if found is None:
-        _cannot_run("the SAM CLI (`make sam-validate` installs it in .sam-venv)")
+        cannot_run(CONTAINER_TESTS, "the SAM CLI (`make sam-cli` installs it in .sam-venv)")
     if python is None:
-        _cannot_run("a python3.13 on this machine, for `sam build`")
+        cannot_run(CONTAINER_TESTS, "a python3.13 on this machine, for `sam build`")
     return SamCli(found, os.pathsep.join([str(Path(python).parent), os.environ["PATH"]]))

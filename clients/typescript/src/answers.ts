@@ -41,17 +41,17 @@ import type {
   SnapshotStatus,
 } from "./types.js";
 
-const CLAIM_FIELDS = ["run", "requester", "thread", "repository", "ref", "head"] as const;
-
 /** Exactly the six fields of a claim: an echo with another field is not this claim. */
-const claim: Check<OwnerClaim> = object(
+const claim = object(
   { run: str, requester: str, thread: str, repository: str, ref: str, head: str },
   true,
-);
+) satisfies Check<OwnerClaim>;
 
-const archive: Check<Archive> = object({ backup_id: str, size: int, sha256: str });
+export const CLAIM_FIELDS = Object.keys(claim.fields) as readonly (keyof OwnerClaim)[];
 
-const snapshot: Check<Snapshot> = object({
+const archive = object({ backup_id: str, size: int, sha256: str }) satisfies Check<Archive>;
+
+const snapshot = object({
   resource: str,
   ref: str,
   sha: str,
@@ -60,19 +60,21 @@ const snapshot: Check<Snapshot> = object({
   deps: withDefault(nullable(archive), null),
   lockfile_hash: withDefault(nullable(str), null),
   generation: int,
-});
+}) satisfies Check<Snapshot>;
 
-const seeding: Check<Seeding> = object({
-  state: literal("seeding"),
+// Each discriminator (state, seeded) has its server model's default, as Python's does: only
+// a Seeding's state may be absent, seedAnswer reaching the other checks by theirs.
+const seeding = object({
+  state: withDefault(literal("seeding"), "seeding"),
   slot: str,
   attempt: int,
   incarnation: nullable(str),
   claim: nullable(claim),
   resumed: withDefault(bool, false),
-});
+}) satisfies Check<Seeding>;
 
-const seeded: Check<Seeded> = object({
-  seeded: literal(true),
+const seeded = object({
+  seeded: withDefault(literal(true), true),
   cached: bool,
   ref: str,
   sha: str,
@@ -83,35 +85,35 @@ const seeded: Check<Seeded> = object({
   claim: nullable(claim),
   frozen: withDefault(bool, false),
   resumed: withDefault(bool, false),
-});
+}) satisfies Check<Seeded>;
 
-const notSeeded: Check<NotSeeded> = object({
-  seeded: literal(false),
+const notSeeded = object({
+  seeded: withDefault(literal(false), false),
   reason: str,
   step: withDefault(nullable(str), null),
   detail: withDefault(nullable(str), null),
-});
+}) satisfies Check<NotSeeded>;
 
-const cold: Check<Cold> = object({
-  state: literal("unseeded"),
+const cold = object({
+  state: withDefault(literal("unseeded"), "unseeded"),
   seeded: withDefault(literal(false), false),
   slot: str,
   attempt: int,
   incarnation: nullable(str),
   claim: withDefault(nullable(claim), null),
-});
+}) satisfies Check<Cold>;
 
-const keptAliveShape: Check<KeptAlive> = object({
+const keptAliveShape = object({
   slot: str,
   claim: nullable(claim),
   state: str,
   idle_deadline: int,
   frozen: bool,
-});
+}) satisfies Check<KeptAlive>;
 
 const checkpointState = literal("present", "lost", "unknown");
 
-export const receipt: Check<Receipt> = object({
+export const receipt = object({
   slot: str,
   checkpoint: checkpointState,
   why: withDefault(nullable(str), null),
@@ -121,42 +123,49 @@ export const receipt: Check<Receipt> = object({
   expires_at: withDefault(nullable(int), null),
   parked: withDefault(bool, false),
   retention_expires_at: withDefault(nullable(int), null),
-});
+}) satisfies Check<Receipt>;
 
-export const evidence: Check<Evidence> = object({
+export const evidence = object({
   slot: str,
   incarnation: nullable(str),
   state: str,
   checkpoint: checkpointState,
   disposition: literal("retained", "retired", "parked", "lost"),
-});
+}) satisfies Check<Evidence>;
 
-export const payment: Check<Payment> = object({
+export const payment = object({
   deleted: withDefault(list(str), []),
   pending: withDefault(list(str), []),
   spared: withDefault(list(str), []),
-});
+}) satisfies Check<Payment>;
 
-export const recorded: Check<Recorded> = object({
+export const recorded = object({
   resource: str,
   rotated: bool,
   current: snapshot,
   retired: nullable(snapshot),
   payment,
-});
+}) satisfies Check<Recorded>;
 
-const seedHandle: Check<SeedHandle> = object({
+const seedHandle = object({
   ref: str,
   sha: str,
   checkout_backup_id: str,
   deps_backup_id: nullable(str),
-});
+}) satisfies Check<SeedHandle>;
 
-const depsEntry: Check<DepsEntry> = object({ lockfile_hash: str, archive, generation: int });
+const depsEntry = object({
+  lockfile_hash: str,
+  archive,
+  generation: int,
+}) satisfies Check<DepsEntry>;
 
-const objectCounts: Check<ObjectCounts> = object({ recorded: int, present: nullable(int) });
+const objectCounts = object({
+  recorded: int,
+  present: nullable(int),
+}) satisfies Check<ObjectCounts>;
 
-export const snapshotStatus: Check<SnapshotStatus> = object({
+export const snapshotStatus = object({
   resource: str,
   current: nullable(snapshot),
   retired: nullable(snapshot),
@@ -164,9 +173,35 @@ export const snapshotStatus: Check<SnapshotStatus> = object({
   deps: list(depsEntry),
   pending_deletions: list(str),
   objects: objectCounts,
-});
+}) satisfies Check<SnapshotStatus>;
 
-export const health: Check<Health> = object({ ok: bool, build: str, backupTransfer: str });
+export const health = object({
+  ok: bool,
+  build: str,
+  backupTransfer: str,
+}) satisfies Check<Health>;
+
+/** Each answer's check by the name of the server's model of it: the e2e tests hold their
+ * fields to the server's (tests/e2e/test_typescript_client.py). */
+export const MODELS = {
+  OwnerClaim: claim,
+  Archive: archive,
+  Snapshot: snapshot,
+  Seeding: seeding,
+  Seeded: seeded,
+  NotSeeded: notSeeded,
+  Cold: cold,
+  KeptAlive: keptAliveShape,
+  Receipt: receipt,
+  Evidence: evidence,
+  Payment: payment,
+  Recorded: recorded,
+  SeedHandle: seedHandle,
+  DepsEntry: depsEntry,
+  ObjectCounts: objectCounts,
+  SnapshotStatus: snapshotStatus,
+  Health: health,
+};
 
 /** The same claim, field by field (both absent counts as the same). */
 export function sameClaim(echoed: OwnerClaim | null, asked: OwnerClaim | null): boolean {

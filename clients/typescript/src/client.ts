@@ -13,8 +13,6 @@
 import { AwsClient } from "aws4fetch";
 
 import * as answers from "./answers.js";
-import { isSeeding } from "./answers.js";
-import type { Check } from "./shape.js";
 import { isPlainObject } from "./shape.js";
 import {
   AnswerTooLarge,
@@ -73,12 +71,14 @@ export interface ClientOptions {
    * outputs them: `https:` (`http:` for a local stack), without a user name, password,
    * query or fragment. */
   baseUrl: string | Partial<Record<FunctionName, string>>;
-  /** Keys, or a function giving them anew for each request (temporary credentials). */
+  /** Keys, or a function giving them anew for each request (temporary credentials); both
+   * keys non-empty strings. */
   credentials: Credentials | (() => Credentials | Promise<Credentials>);
   /** The region the function URLs are in (default us-east-1): a signature for another
    * region is refused with 403. */
   region?: string;
-  /** How long one request may take before it is abandoned (default 30 000). */
+  /** How long one request may take, its answer's body read to the end, before it is
+   * abandoned (default 30 000). */
   requestTimeoutMs?: number;
   fetch?: Fetch;
 }
@@ -87,12 +87,9 @@ type Method = "GET" | "POST" | "DELETE";
 
 export class SeedkeeperClient {
   readonly #urls: string | Partial<Record<FunctionName, string>>;
-  readonly #credentials: ClientOptions["credentials"];
-  readonly #region: string;
+  readonly #signer: () => Promise<AwsClient>;
   readonly #requestTimeoutMs: number;
   readonly #fetch: Fetch | undefined;
-  // Made once for fixed keys, so their signing key is derived once a day, not per call.
-  readonly #signer: AwsClient | undefined;
 
   constructor(options: ClientOptions) {
     const urls = options.baseUrl;
@@ -106,12 +103,17 @@ export class SeedkeeperClient {
       }
     }
     this.#urls = typeof urls === "string" ? urls : { ...urls };
-    this.#credentials = options.credentials;
-    this.#region = options.region ?? "us-east-1";
     this.#requestTimeoutMs = options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS;
     this.#fetch = options.fetch;
-    const keys = options.credentials;
-    this.#signer = typeof keys === "function" ? undefined : signerFor(keys, this.#region);
+    const region = options.region ?? "us-east-1";
+    const credentials = options.credentials;
+    if (typeof credentials === "function") {
+      this.#signer = async () => signerFor(await provided(credentials), region);
+    } else {
+      // made once for fixed keys, so their signing key is derived once a day, not per call
+      const signer = signerFor(credentials, region);
+      this.#signer = async () => signer;
+    }
   }
 
   // -- seeding ------------------------------------------------------------------------------
@@ -135,7 +137,7 @@ export class SeedkeeperClient {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
       const answer = answers.seedAnswer(await this.#call("POST", "/seed", body), claim, slot);
-      if (!(options.wait && isSeeding(answer))) return answer;
+      if (!(options.wait && answers.isSeeding(answer))) return answer;
       if (Date.now() > deadline) {
         throw new SeedTimeout(`slot ${slot} still seeding after ${timeoutMs} ms`);
       }
@@ -157,35 +159,35 @@ export class SeedkeeperClient {
       seed: withoutNulls(request.seed),
       incarnation: request.incarnation,
     };
-    return parse(answers.receipt, await this.#call("POST", "/receipt", body));
+    return answers.receipt(await this.#call("POST", "/receipt", body), "body");
   }
 
   async slotEvidence(slot: string, request: EvidenceRequest): Promise<Evidence> {
     const body = { slot, claim: claimBody(request.claim) };
-    return parse(answers.evidence, await this.#call("POST", "/slot-evidence", body));
+    return answers.evidence(await this.#call("POST", "/slot-evidence", body), "body");
   }
 
   // -- snapshots ----------------------------------------------------------------------------
 
   /** Record a snapshot whose archives are already in R2, and rotate. */
   async publish(snapshot: NewSnapshot): Promise<Recorded> {
-    return parse(answers.recorded, await this.#call("POST", "/snapshots", withoutNulls(snapshot)));
+    const body = withoutNulls(snapshot);
+    return answers.recorded(await this.#call("POST", "/snapshots", body), "body");
   }
 
   async snapshotStatus(resource: string): Promise<SnapshotStatus> {
-    return parse(
-      answers.snapshotStatus,
-      await this.#call("GET", `/snapshots/${segment(resource)}`),
-    );
+    const path = `/snapshots/${segment(resource)}`;
+    return answers.snapshotStatus(await this.#call("GET", path), "body");
   }
 
   /** Every object gone: a Payment. While R2 still owes some: SeedkeeperRefused 503 (repeat). */
   async deleteSnapshots(resource: string): Promise<Payment> {
-    return parse(answers.payment, await this.#call("DELETE", `/snapshots/${segment(resource)}`));
+    const path = `/snapshots/${segment(resource)}`;
+    return answers.payment(await this.#call("DELETE", path), "body");
   }
 
   async healthz(fn: FunctionName = "seed"): Promise<Health> {
-    return parse(answers.health, await this.#call("GET", "/healthz", undefined, fn));
+    return answers.health(await this.#call("GET", "/healthz", undefined, fn), "body");
   }
 
   // -- plumbing -----------------------------------------------------------------------------
@@ -193,15 +195,13 @@ export class SeedkeeperClient {
   #url(path: string, fn: FunctionName | undefined): string {
     if (typeof this.#urls === "string") return trimmed(this.#urls) + path;
     const name = fn ?? Object.entries(FUNCTIONS).find(([prefix]) => path.startsWith(prefix))?.[1];
-    const base = name === undefined ? undefined : this.#urls[name];
-    if (base === undefined)
-      throw new SeedkeeperError(`no URL for the ${name ?? "unknown"} function`);
+    // own entries only: healthz("constructor") is a function without a URL, not Object's
+    const urls = this.#urls;
+    const base = name !== undefined && Object.hasOwn(urls, name) ? urls[name] : undefined;
+    if (base === undefined) {
+      throw new SeedkeeperError(`no URL given for the ${name ?? "unknown"} function`);
+    }
     return trimmed(base) + path;
-  }
-
-  async #keys(): Promise<Credentials> {
-    const keys = this.#credentials;
-    return typeof keys === "function" ? await keys() : keys;
   }
 
   /** The answer's JSON; any status but a 2xx (a redirect too: it is never followed, so the
@@ -209,7 +209,7 @@ export class SeedkeeperClient {
    * MAX_ANSWER_BYTES AnswerTooLarge. */
   async #call(method: Method, path: string, body?: unknown, fn?: FunctionName): Promise<unknown> {
     const url = this.#url(path, fn);
-    const signer = this.#signer ?? signerFor(await this.#keys(), this.#region);
+    const signer = await this.#signer();
     const request = await signer.sign(url, {
       method,
       redirect: "manual", // the request itself, whatever fetch sends it
@@ -221,10 +221,7 @@ export class SeedkeeperClient {
     let response: Response;
     let text: string;
     try {
-      response = await send(request, {
-        redirect: "manual",
-        signal: AbortSignal.timeout(this.#requestTimeoutMs),
-      });
+      response = await send(request, { signal: AbortSignal.timeout(this.#requestTimeoutMs) });
       text = await bounded(response);
     } catch (failed) {
       if (failed instanceof AnswerTooLarge) throw failed;
@@ -243,15 +240,31 @@ export class SeedkeeperClient {
   }
 }
 
-function signerFor(keys: Credentials, region: string): AwsClient {
+/** A signer for `keys`, once both are non-empty strings (the caller's may be anything). */
+function signerFor(keys: unknown, region: string): AwsClient {
+  if (!hasKeys(keys)) throw new SeedkeeperError("no AWS credentials to sign with");
   return new AwsClient({
     accessKeyId: keys.accessKeyId,
     secretAccessKey: keys.secretAccessKey,
     ...(keys.sessionToken === undefined ? {} : { sessionToken: keys.sessionToken }),
     service: "lambda",
     region,
-    retries: 0, // a 503 is the caller's to see (retry-later), as in the Python client
   });
+}
+
+function hasKeys(keys: unknown): keys is Credentials {
+  const filled = (key: unknown) => typeof key === "string" && key !== "";
+  return isPlainObject(keys) && filled(keys["accessKeyId"]) && filled(keys["secretAccessKey"]);
+}
+
+/** The keys a credentials function gives. Its failure is named by its name only: its
+ * message may name a role or an account. */
+async function provided(credentials: () => Credentials | Promise<Credentials>): Promise<unknown> {
+  try {
+    return await credentials();
+  } catch (failed) {
+    throw new SeedkeeperError(`the credentials function failed: ${causeOf(failed)}`);
+  }
 }
 
 /** The answer's text, read as a stream no further than MAX_ANSWER_BYTES: past it (or when
@@ -285,25 +298,36 @@ function tooLarge(): AnswerTooLarge {
   return new AnswerTooLarge(`the answer is longer than ${MAX_ANSWER_BYTES} bytes`);
 }
 
+/** A refusal's reason is its JSON's own token only: a proxy's page or a redirect's text may
+ * name a host, and the reason is printed (in the message) where the body is not. */
 function refusal(status: number, text: string): SeedkeeperRefused {
+  // Seedkeeper never redirects: a redirect's body is not its refusal
+  if (status < 400) return new SeedkeeperRefused(status, "redirected", {});
   let detail: unknown;
   try {
     detail = JSON.parse(text);
   } catch {
-    detail = { error: text.slice(0, 200) };
+    return new SeedkeeperRefused(status, "unknown", { error: text.slice(0, 200) });
   }
-  const body = isPlainObject(detail) ? detail : { error: JSON.stringify(detail).slice(0, 200) };
-  const reason = body["error"] || body["message"] || "unknown";
-  return new SeedkeeperRefused(status, String(reason), body);
+  if (!isPlainObject(detail)) {
+    const error = JSON.stringify(detail).slice(0, 200);
+    return new SeedkeeperRefused(status, "unknown", { error });
+  }
+  const reason = reasonToken(detail["error"]) || reasonToken(detail["message"]) || "unknown";
+  return new SeedkeeperRefused(status, reason, detail);
 }
 
-function parse<T>(check: Check<T>, answer: unknown): T {
-  return check(answer, "body");
+/** A string cut to 64 characters (code points, as Python counts) without control
+ * characters, so a reason is one short line; anything else "". */
+function reasonToken(value: unknown): string {
+  if (typeof value !== "string") return "";
+  return [...value.replace(/\p{Cc}/gu, "")].slice(0, 64).join("");
 }
 
+/** Only the claim's own fields, whatever else the caller's object holds. */
 function claimBody(claim: OwnerClaim): OwnerClaim {
-  const { run, requester, thread, repository, ref, head } = claim;
-  return { run, requester, thread, repository, ref, head };
+  const fields = answers.CLAIM_FIELDS.map((field) => [field, claim[field]]);
+  return Object.fromEntries(fields) as OwnerClaim;
 }
 
 /** A request model as the Python client dumps it: no field that is null or absent. */
@@ -329,7 +353,8 @@ function trimmed(base: string): string {
 }
 
 /** A base URL a signed request may go to: http: or https: only (never file:, data:, ftp:
- * and the like), no credentials in it. `what` names the option; the URL is never named. */
+ * and the like), no credentials, query or fragment in it (the route is appended: it would
+ * land in them). `what` names the option; the URL is never named. */
 function checkBase(url: unknown, what: string): void {
   let parsed: URL;
   try {
@@ -343,15 +368,15 @@ function checkBase(url: unknown, what: string): void {
   if (parsed.username || parsed.password) {
     throw new SeedkeeperError(`${what} has a user name or password`);
   }
-  if (parsed.search || parsed.hash) throw new SeedkeeperError(`${what} has a query or a fragment`);
+  // `?` or `#` anywhere: an empty query or fragment ("http://x/?") leaves `search` empty
+  if (/[?#]/.test(String(url))) throw new SeedkeeperError(`${what} has a query or a fragment`);
 }
 
 /** What made a request fail, by name or code only: a message may name the host. */
 function causeOf(failed: unknown): string {
   if (!(failed instanceof Error)) return "unknown";
   const cause: unknown = failed.cause;
-  const code =
-    isPlainObject(cause) || cause instanceof Error ? (cause as { code?: unknown }).code : undefined;
+  const code = isPlainObject(cause) ? cause["code"] : undefined;
   if (typeof code === "string" && /^[A-Z0-9_]{1,40}$/.test(code)) return code;
   return failed.name;
 }

@@ -8,9 +8,12 @@ export class SeedkeeperError extends Error {
   override name = "SeedkeeperError";
 }
 
-/** Any answer but a 2xx: a 4xx or 5xx, or a redirect (never followed). `reason` is its
- * reason token (`body.error`, else `body.message`, else "unknown"), `body` the answer's JSON
- * (or `{error: text}` for one that is not JSON). */
+/** Any answer but a 2xx: a 4xx or 5xx, or a redirect (never followed: reason "redirected",
+ * body `{}`). `reason` is its reason token: the first of the JSON body's `error` and
+ * `message` that is a string with something left without control characters, cut to 64
+ * characters; else "unknown" (for a body that is not JSON too: a proxy's page may name a
+ * host). `body` is the answer's JSON object, or `{error: text}` (its first 200 characters)
+ * for one that is not JSON or not an object. */
 export class SeedkeeperRefused extends SeedkeeperError {
   override name = "SeedkeeperRefused";
 

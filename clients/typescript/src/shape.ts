@@ -67,20 +67,26 @@ type Fields = Record<string, Check<unknown>>;
 type Parsed<F extends Fields> = { [K in keyof F]: F[K] extends Check<infer T> ? T : never };
 
 /** An object of these fields only (each required unless it has a default); with `exact`,
- * any other field is refused, else left out. */
-export function object<F extends Fields>(fields: F, exact = false): Check<Parsed<F>> {
-  return (value, at) => {
+ * any other field is refused, else left out. Its `fields` say them (to hold them to the
+ * server's models). Own fields only: a `toString` or `__proto__` is a field like another. */
+export function object<F extends Fields>(
+  fields: F,
+  exact = false,
+): Check<Parsed<F>> & { fields: F } {
+  const check = (value: unknown, at: string): Parsed<F> => {
     const found = plainObject(value, at);
     const out: Record<string, unknown> = {};
-    for (const [name, check] of Object.entries(fields)) {
-      const optional = "optional" in check;
-      if (!(name in found) && !optional) fail(`${at}.${name}`, "there");
-      out[name] = check(found[name], `${at}.${name}`);
+    for (const [name, field] of Object.entries(fields)) {
+      if (!Object.hasOwn(found, name) && !Object.hasOwn(field, "optional")) {
+        fail(`${at}.${name}`, "there");
+      }
+      out[name] = field(found[name], `${at}.${name}`);
     }
     if (exact) {
-      const extra = Object.keys(found).find((name) => !(name in fields));
+      const extra = Object.keys(found).find((name) => !Object.hasOwn(fields, name));
       if (extra !== undefined) fail(at, `free of other fields (${JSON.stringify(extra)})`);
     }
     return out as Parsed<F>;
   };
+  return Object.assign(check, { fields });
 }

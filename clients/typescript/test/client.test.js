@@ -1,13 +1,13 @@
 // @ts-check
 // The client against a fake function URL (node:http): every claim check, the refusal
-// mapping, the routes and bodies, and a SigV4 signature checked by a verifier of its own
-// (node:crypto, not aws4fetch). Nothing here reaches the network beyond 127.0.0.1.
+// mapping, the routes and bodies, and every request's SigV4 signature checked by a verifier
+// of its own (node:crypto, not aws4fetch). Nothing here reaches the network beyond 127.0.0.1.
 
 import assert from "node:assert/strict";
 import { createHash, createHmac } from "node:crypto";
 import { readdirSync, readFileSync } from "node:fs";
 import { createServer } from "node:http";
-import { after, before, beforeEach, describe, it } from "node:test";
+import { after, afterEach, before, beforeEach, describe, it } from "node:test";
 
 import {
   AnswerTooLarge,
@@ -50,6 +50,7 @@ const INCARNATION = "local:slot-1:1";
 
 /**
  * @typedef {{method: string, path: string, rawHeaders: string[], body: string}} Seen
+ * @typedef {{accessKeyId: string, secretAccessKey: string, region?: string}} Signer
  * @typedef {import("node:http").ServerResponse} Reply
  * @typedef {{
  *   status: number,
@@ -61,21 +62,37 @@ const INCARNATION = "local:slot-1:1";
  * }} Answer
  */
 
-/** A fake function URL: answers from a queue (the last one repeats), records each request. */
+/**
+ * A fake function URL: answers from a queue (the last one repeats), records each request,
+ * and recomputes each one's signature for `signer`. A request it does not hold for is
+ * answered 403, as a function URL answers it, and kept in `badlySigned`, which the tests
+ * require to be empty after each test.
+ */
 class FakeUrl {
   /** @type {Seen[]} */ seen = [];
   /** @type {Answer[]} */ answers = [];
+  /** @type {Signer} */ signer = KEYS;
+  /** @type {string[]} */ badlySigned = [];
   server = createServer((request, response) => {
     /** @type {Buffer[]} */
     const chunks = [];
     request.on("data", (chunk) => chunks.push(chunk));
     request.on("end", () => {
-      this.seen.push({
+      /** @type {Seen} */
+      const seen = {
         method: request.method ?? "",
         path: request.url ?? "",
         rawHeaders: request.rawHeaders,
         body: Buffer.concat(chunks).toString("utf8"),
-      });
+      };
+      this.seen.push(seen);
+      try {
+        verifySigV4(seen, this.signer);
+      } catch (failed) {
+        this.badlySigned.push(`${seen.method} ${seen.path}: ${String(failed)}`);
+        response.writeHead(403, { "Content-Type": "application/json" });
+        return response.end(JSON.stringify({ message: "the signature does not hold" }));
+      }
       const answer = this.answers.length > 1 ? this.answers.shift() : this.answers[0];
       if (answer === undefined) throw new Error("no answer queued");
       if (answer.send) return answer.send(response);
@@ -231,12 +248,12 @@ const rfc3986 = (s) =>
   );
 
 /**
- * Recompute the signature of a request as AWS does for a non-S3 service (each path segment
+ * Recompute the signature of a request as AWS does for service lambda (each path segment
  * encoded once more, the signed headers as they arrived, the body's sha256) and compare.
  * @param {Seen} seen
- * @param {{secretAccessKey: string, region?: string, service?: string}} expected
+ * @param {Signer} signer
  */
-function verifySigV4(seen, { secretAccessKey, region = "us-east-1", service = "lambda" }) {
+function verifySigV4(seen, { accessKeyId, secretAccessKey, region = "us-east-1" }) {
   /** @type {Map<string, string[]>} */
   const headers = new Map();
   for (let i = 0; i < seen.rawHeaders.length; i += 2) {
@@ -251,7 +268,8 @@ function verifySigV4(seen, { secretAccessKey, region = "us-east-1", service = "l
     );
   assert.ok(match, "a SigV4 Authorization header");
   const [, keyId, date, scopeRegion, scopeService, signedHeaders, signature] = match;
-  assert.equal(scopeService, service);
+  assert.equal(keyId, accessKeyId);
+  assert.equal(scopeService, "lambda");
   assert.equal(scopeRegion, region);
   const stamp = (headers.get("x-amz-date") ?? [])[0] ?? "";
   assert.match(stamp, /^\d{8}T\d{6}Z$/);
@@ -290,7 +308,7 @@ function verifySigV4(seen, { secretAccessKey, region = "us-east-1", service = "l
     createHmac("sha256", key).update(toSign).digest("hex") === signature,
     "the signature holds",
   );
-  return { keyId, headers };
+  return headers;
 }
 
 // -- the tests ------------------------------------------------------------------------------------
@@ -305,14 +323,17 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
     client = new SeedkeeperClient({ baseUrl: fake.url, credentials: KEYS });
   });
   after(() => fake.stop());
-  beforeEach(() => fake.answer({ status: 500, body: { error: "nothing-queued" } }));
+  beforeEach(() => {
+    fake.answer({ status: 500, body: { error: "nothing-queued" } });
+    fake.signer = KEYS;
+  });
+  afterEach(() => assert.deepEqual(fake.badlySigned.splice(0), [], "every request signed"));
 
   describe("signing", () => {
     it("signs a POST with SigV4 for service lambda in us-east-1, the body included", async () => {
       fake.answer({ status: 202, body: seeding("slot-1") });
       await client.seed("slot-1", SEED, { claim: CLAIM, origin: "https://git.example.com/a.git" });
-      const { keyId, headers } = verifySigV4(fake.last, KEYS);
-      assert.equal(keyId, KEYS.accessKeyId);
+      const headers = verifySigV4(fake.last, KEYS);
       assert.equal(headers.get("content-type")?.[0], "application/json");
       assert.equal(headers.has("x-amz-security-token"), false);
     });
@@ -322,7 +343,6 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
       await assert.rejects(client.snapshotStatus("a b/c"), SeedkeeperRefused);
       assert.equal(fake.last.method, "GET");
       assert.equal(fake.last.path, "/snapshots/a%20b%2Fc");
-      verifySigV4(fake.last, KEYS);
     });
 
     it("signs for the region it is given, with the session token of temporary keys", async () => {
@@ -332,15 +352,82 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
         credentials: async () => temporary,
         region: "eu-west-1",
       });
+      fake.signer = { ...temporary, region: "eu-west-1" };
       fake.answer({ status: 200, body: keptAlive("slot-1", { claim: null }) });
       await other.keepalive("slot-1", null);
-      const { headers } = verifySigV4(fake.last, { ...temporary, region: "eu-west-1" });
+      const headers = verifySigV4(fake.last, fake.signer);
       assert.equal(headers.get("x-amz-security-token")?.[0], "session-token-1");
       const authorization = headers.get("authorization")?.[0] ?? "";
       assert.ok(
         /SignedHeaders=[^,]*x-amz-security-token/.test(authorization),
         "the token is signed",
       );
+    });
+
+    it("is answered 403 by the fake when signed with another secret", async () => {
+      const forged = new SeedkeeperClient({
+        baseUrl: fake.url,
+        credentials: { ...KEYS, secretAccessKey: "not-the-secret" },
+      });
+      fake.answer({ status: 200, body: { ok: true, build: "x", backupTransfer: "r2" } });
+      await assert.rejects(forged.healthz(), { status: 403 });
+      assert.equal(fake.badlySigned.splice(0).length, 1, "the fake saw it");
+    });
+  });
+
+  describe("credentials", () => {
+    const NONE = "no AWS credentials to sign with";
+    const missing = [
+      { accessKeyId: undefined, secretAccessKey: KEYS.secretAccessKey },
+      { accessKeyId: KEYS.accessKeyId, secretAccessKey: "" },
+      { accessKeyId: "", secretAccessKey: "" },
+      { accessKeyId: 1, secretAccessKey: KEYS.secretAccessKey },
+      {},
+      null,
+      undefined,
+    ];
+
+    it("refuses keys that are missing or empty when the client is made", () => {
+      for (const keys of missing) {
+        assert.throws(
+          () => new SeedkeeperClient({ baseUrl: fake.url, credentials: /** @type {any} */ (keys) }),
+          (error) => error instanceof SeedkeeperError && error.message === NONE,
+          JSON.stringify(keys),
+        );
+      }
+    });
+
+    it("refuses a credentials function's missing or empty keys, sending nothing", async () => {
+      for (const keys of missing) {
+        const unsigned = new SeedkeeperClient({
+          baseUrl: fake.url,
+          credentials: async () => /** @type {any} */ (keys),
+        });
+        await assert.rejects(
+          unsigned.healthz(),
+          (error) => error instanceof SeedkeeperError && error.message === NONE,
+          JSON.stringify(keys),
+        );
+      }
+      assert.deepEqual(fake.seen, []);
+    });
+
+    it("wraps a credentials function's failure without repeating its message", async () => {
+      const role = "arn:aws:iam::123456789012:role/secret-role";
+      for (const provider of [
+        () => {
+          throw new Error(`cannot assume ${role}`);
+        },
+        async () => Promise.reject(new TypeError(`expired: ${role}`)),
+      ]) {
+        const failing = new SeedkeeperClient({ baseUrl: fake.url, credentials: provider });
+        const error = await failing.healthz().catch((e) => e);
+        assert.ok(error instanceof SeedkeeperError, String(error));
+        assert.match(error.message, /^the credentials function failed: (Error|TypeError)$/);
+        assert.ok(!String(error.stack).includes(role), "the provider's message is not repeated");
+        assert.equal(error.cause, undefined);
+      }
+      assert.deepEqual(fake.seen, []);
     });
   });
 
@@ -366,6 +453,14 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
       });
       assert.ok(isSeeding(answer));
       assert.equal(answer.resumed, false, "a default is filled in");
+    });
+
+    it("fills in a seeding answer's state, as the Python model does", async () => {
+      const { state, ...stateless } = seeding("slot-1");
+      fake.answer({ status: 202, body: stateless });
+      const answer = await client.seed("slot-1", SEED, { claim: CLAIM });
+      assert.ok(isSeeding(answer));
+      assert.equal(answer.state, state);
     });
 
     it("sends null for a cold slot's seed, claim and origin", async () => {
@@ -513,6 +608,19 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
       fake.answer({ status: 200, body: seeded({ claim: { ...CLAIM, extra: "x" } }) });
       await assert.rejects(client.seed("slot-1", SEED, { claim: CLAIM }), BadAnswer);
     });
+
+    for (const field of ["toString", "constructor", "__proto__", "hasOwnProperty"]) {
+      it(`refuses an echoed claim with a field more named ${field}, as any other`, async () => {
+        // raw JSON: an object literal's __proto__ would set its prototype, not a field
+        const claim = `${JSON.stringify(CLAIM).slice(0, -1)},${JSON.stringify(field)}:"x"}`;
+        const raw = JSON.stringify(seeded({ claim: "CLAIM" })).replace('"CLAIM"', claim);
+        fake.answer({ status: 200, body: null, raw });
+        await assert.rejects(
+          client.seed("slot-1", SEED, { claim: CLAIM }),
+          (error) => error instanceof BadAnswer && error.message.includes(field),
+        );
+      });
+    }
 
     it("compares the claim field by field, whatever else the caller's object holds", async () => {
       fake.answer({ status: 200, body: seeded() });
@@ -776,6 +884,9 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
       ["a message, as a function URL refuses", 403, { message: "Forbidden" }, "Forbidden"],
       ["neither", 503, {}, "unknown"],
       ["an empty reason", 500, { error: "", message: "" }, "unknown"],
+      ["a reason that is not a string", 500, { error: 42, message: ["x"] }, "unknown"],
+      ["a message, the error not a string", 500, { error: { a: 1 }, message: "Gone" }, "Gone"],
+      ["control characters", 400, { error: "bad\r\n\u0000\u009breason\u007f" }, "badreason"],
     ];
     for (const [title, status, body, reason] of cases) {
       it(`maps a ${status} with ${title}`, async () => {
@@ -790,21 +901,31 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
       });
     }
 
-    it("maps a refusal that is not JSON to its text", async () => {
-      fake.answer({ status: 502, body: null, raw: "Bad Gateway", type: "text/plain" });
+    it("cuts a reason to 64 characters", async () => {
+      fake.answer({ status: 400, body: { error: "e".repeat(10_000) } });
+      const error = await client.healthz().catch((e) => e);
+      assert.ok(error instanceof SeedkeeperRefused);
+      assert.equal(error.reason, "e".repeat(64));
+      assert.equal(error.message, `400 ${"e".repeat(64)}`);
+    });
+
+    it("gives a refusal that is not JSON no reason, its text (cut) as the body", async () => {
+      const page = `<html><head><title>502 Bad Gateway</title></head><body>${"x".repeat(500)}`;
+      fake.answer({ status: 502, body: null, raw: page, type: "text/html" });
       const error = await client.healthz().catch((e) => e);
       assert.ok(error instanceof SeedkeeperRefused);
       assert.deepEqual(
         [error.status, error.reason, error.body],
-        [502, "Bad Gateway", { error: "Bad Gateway" }],
+        [502, "unknown", { error: page.slice(0, 200) }],
       );
+      assert.equal(error.message, "502 unknown");
     });
 
-    it("maps a refusal whose JSON is not an object", async () => {
+    it("gives a refusal whose JSON is not an object no reason", async () => {
       fake.answer({ status: 500, body: ["x"] });
       const error = await client.healthz().catch((e) => e);
       assert.ok(error instanceof SeedkeeperRefused);
-      assert.deepEqual([error.reason, error.body], ['["x"]', { error: '["x"]' }]);
+      assert.deepEqual([error.reason, error.body], ["unknown", { error: '["x"]' }]);
     });
 
     it("does not retry a 503 (the caller sees retry-later)", async () => {
@@ -893,7 +1014,7 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
           const error = await call().catch((e) => e);
           assert.ok(error instanceof SeedkeeperRefused, `a ${status} is a refusal: ${error}`);
           assert.equal(error.status, status);
-          assert.equal(error.reason, "unknown");
+          assert.equal(error.reason, "redirected");
           assert.ok(!error.message.includes(elsewhere.url), "the Location is not named");
           assert.equal(fake.seen.length, 1, "asked once");
         }
@@ -901,13 +1022,29 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
       });
     }
 
-    it("maps a redirect's JSON reason as any refusal's", async () => {
+    it("does not name the Location its text names", async () => {
+      const location = `${elsewhere.url}/collect`;
       fake.answer({
         status: 302,
-        body: { message: "Moved" },
-        headers: { Location: `${elsewhere.url}/collect` },
+        body: null,
+        raw: `Found. Redirecting to ${location}`,
+        type: "text/plain",
+        headers: { Location: location },
       });
-      await assert.rejects(client.healthz(), { status: 302, reason: "Moved" });
+      const error = await client.healthz().catch((e) => e);
+      assert.ok(error instanceof SeedkeeperRefused, String(error));
+      assert.ok(!error.message.includes(location), error.message);
+      assert.equal(error.reason, "redirected");
+    });
+
+    it("takes no reason from a redirect's JSON, which may name where it points", async () => {
+      const location = `${elsewhere.url}/collect`;
+      fake.answer({
+        status: 302,
+        body: { message: `moved to ${location}` },
+        headers: { Location: location },
+      });
+      await assert.rejects(client.healthz(), { status: 302, reason: "redirected", body: {} });
       assert.deepEqual(elsewhere.seen, []);
     });
 
@@ -1044,7 +1181,6 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
         fake.answer({ status: 418, body: { error: "teapot" } });
         await assert.rejects(call(), { status: 418 });
         paths.push(fake.last.path);
-        verifySigV4(fake.last, KEYS);
       }
       assert.deepEqual(paths, [
         "/seed-fn/seed",
@@ -1061,7 +1197,13 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
       const partial = new SeedkeeperClient({ baseUrl: { seed: fake.url }, credentials: KEYS });
       await assert.rejects(
         partial.publish(/** @type {any} */ ({})),
-        /no URL for the rotation function/,
+        /: no URL given for the rotation function$/,
+      );
+      await assert.rejects(
+        partial.healthz(/** @type {any} */ ("constructor")),
+        (error) =>
+          error instanceof SeedkeeperError &&
+          error.message === "no URL given for the constructor function",
       );
       assert.throws(
         () => new SeedkeeperClient({ baseUrl: "not a url", credentials: KEYS }),
@@ -1132,6 +1274,27 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
       }
     });
 
+    it("refuses a base URL with a query or fragment, even an empty one", () => {
+      /** @type {[unknown, string][]} */
+      const cases = [
+        ["http://127.0.0.1:9/?", "the base URL (baseUrl)"],
+        ["http://127.0.0.1:9/#", "the base URL (baseUrl)"],
+        ["https://x.example/?a=1", "the base URL (baseUrl)"],
+        [{ seed: "https://x.example/#top" }, "the seed URL (baseUrl.seed)"],
+      ];
+      for (const [baseUrl, what] of cases) {
+        assert.throws(
+          () => new SeedkeeperClient({ baseUrl: /** @type {any} */ (baseUrl), credentials: KEYS }),
+          (error) =>
+            error instanceof SeedkeeperError &&
+            error.message === `${what} has a query or a fragment` &&
+            !String(error.stack).includes("example") &&
+            !String(error.stack).includes("127.0.0.1"),
+          JSON.stringify(baseUrl),
+        );
+      }
+    });
+
     it("names a baseUrl entry that is not a function's without printing its key", () => {
       assert.throws(
         () =>
@@ -1149,6 +1312,22 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
       for (const baseUrl of ["https://abc.lambda-url.us-east-1.on.aws/", "HTTP://127.0.0.1:8787"]) {
         assert.ok(new SeedkeeperClient({ baseUrl, credentials: KEYS }));
       }
+    });
+
+    it("is Unreachable when the answer's body does not end in time", async () => {
+      // 10 bytes of the 20 declared sent, the connection held open
+      const { answer, closed } = streamed(200, { total: 10, declared: 20 });
+      fake.answer(answer);
+      const slow = new SeedkeeperClient({
+        baseUrl: fake.url,
+        credentials: KEYS,
+        requestTimeoutMs: 100,
+      });
+      await assert.rejects(
+        within(slow.healthz(), 2000),
+        (error) => error instanceof Unreachable && error.message === "no answer: TimeoutError",
+      );
+      await within(closed, 2000);
     });
 
     it("is Unreachable when nothing answers in time", async () => {
@@ -1170,15 +1349,30 @@ describe("SeedkeeperClient against a fake function URL", { timeout: 60_000 }, ()
   });
 });
 
+/** What a module imports: from a static import or re-export, for its side effects, or
+ * dynamically. @param {string} source */
+function importsOf(source) {
+  return [...source.matchAll(/\b(?:from|import)\s*\(?\s*["']([^"']+)["']/g)].map((m) => m[1]);
+}
+
 describe("the built library", () => {
+  it("finds every kind of import", () => {
+    const source = [
+      'import a from "a";',
+      "import { b } from 'b';",
+      'export * from "./c.js";',
+      'import "d";',
+      'const e = await import("e");',
+      "import * as f from 'node:f';",
+    ].join("\n");
+    assert.deepEqual(importsOf(source), ["a", "b", "./c.js", "d", "e", "node:f"]);
+  });
+
   it("imports nothing but aws4fetch and itself (no Node-only module)", () => {
     const dist = new URL("../dist/", import.meta.url);
     for (const name of readdirSync(dist).filter((file) => file.endsWith(".js"))) {
       const source = readFileSync(new URL(name, dist), "utf8");
-      const imported = [...source.matchAll(/(?:import|export)[^'"]*from\s*["']([^"']+)["']/g)].map(
-        (m) => m[1],
-      );
-      for (const specifier of imported) {
+      for (const specifier of importsOf(source)) {
         assert.ok(
           specifier === "aws4fetch" || specifier?.startsWith("./"),
           `${name} imports ${specifier}`,
