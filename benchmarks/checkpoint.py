@@ -122,7 +122,7 @@ DEFAULT_LINKS = ("total", "loopback")
 CAPTURE_TIMEOUT = 900.0
 UPLOAD_TIMEOUT = 60.0
 MB = harness.MB
-# The commands every run needs, and the Debian packages holding them.
+# The commands its runs need besides the harness's, and the Debian packages holding them.
 TOOLS = {
     "git": "git",
     "mksquashfs": "squashfs-tools",
@@ -278,57 +278,52 @@ class Bench:
         key = f"baselines/{name}/checkout.tar.zst"
         with self.prepared(case, name) as (root, folder):
             archive, digest = root / "state" / "checkout.tar.zst", folder / "sha256"
-            log_path = folder / "baseline.log"
             steps: dict[str, harness.Timed] = {}
-            with log_path.open("wb") as log:
 
-                def step(label: str, argv: list[str]) -> None:
-                    timed = harness.timed_run(shape.wrap(argv), env=self.environment, log=log)
-                    if timed.code != 0:
-                        log.flush()
-                        tail = log_path.read_text(errors="replace")[-2000:]
-                        raise harness.BenchError(f"{label} exited {timed.code}:\n{tail}")
-                    steps[label] = timed
+            def step(label: str, argv: list[str]) -> None:
+                steps[label] = harness.timed_step(
+                    label, argv, folder, shape=shape, env=self.environment
+                )
 
-                step(
-                    "tar -I 'zstd -3 -T0'",
-                    ["tar", "-I", "zstd -3 -T0", "-cf", str(archive), "-C", str(root), "checkout"],
-                )
-                step(
-                    "openssl dgst -sha256",
-                    ["openssl", "dgst", "-sha256", "-r", "-out", str(digest), str(archive)],
-                )
-                sha256 = digest.read_text().split()[0]
-                size = archive.stat().st_size
-                checksum = base64.b64encode(bytes.fromhex(sha256)).decode()
-                url = wire.client.generate_presigned_url(
-                    "put_object",
-                    Params={
-                        "Bucket": BUCKET,
-                        "Key": key,
-                        "ContentLength": size,
-                        "ChecksumSHA256": checksum,
-                    },
-                    ExpiresIn=EXPIRES,
-                )
-                step(
-                    "curl -T",
-                    [
-                        "curl",
-                        "-sS",
-                        "--fail",
-                        *wire.server.curl_options(),
-                        "-H",
-                        "Expect:",
-                        "-H",
-                        f"x-amz-checksum-sha256: {checksum}",
-                        "-T",
-                        str(archive),
-                        "-o",
-                        os.devnull,
-                        url,
-                    ],
-                )
+            step(
+                "tar -I 'zstd -3 -T0'",
+                ["tar", "-I", "zstd -3 -T0", "-cf", str(archive), "-C", str(root), "checkout"],
+            )
+            step(
+                "openssl dgst -sha256",
+                ["openssl", "dgst", "-sha256", "-r", "-out", str(digest), str(archive)],
+            )
+            sha256 = digest.read_text().split()[0]
+            size = archive.stat().st_size
+            checksum = base64.b64encode(bytes.fromhex(sha256)).decode()
+            url = wire.client.generate_presigned_url(
+                "put_object",
+                Params={
+                    "Bucket": BUCKET,
+                    "Key": key,
+                    "ContentLength": size,
+                    "ChecksumSHA256": checksum,
+                },
+                ExpiresIn=EXPIRES,
+            )
+            step(
+                "curl -T",
+                [
+                    "curl",
+                    "-sS",
+                    "--fail",
+                    *wire.server.curl_options(),
+                    "-H",
+                    "Expect:",
+                    "-H",
+                    f"x-amz-checksum-sha256: {checksum}",
+                    "-T",
+                    str(archive),
+                    "-o",
+                    os.devnull,
+                    url,
+                ],
+            )
         arrived = self.store.stored(key)
         self.store.remove_prefix(key)
         if arrived != (size, sha256):
@@ -356,7 +351,7 @@ class Bench:
         name = f"stream-{next(self.counter)}"
         key = f"baselines/{name}/checkout.tar.zst"
         with self.prepared(case, name) as (root, folder):
-            record, log_path = folder / "uploader.json", folder / "streaming.log"
+            record = folder / "uploader.json"
             argv = [
                 "bash",
                 "-c",
@@ -371,11 +366,9 @@ class Bench:
                 str(record),
             ]
             environment = self.environment | wire.server.client_environment()
-            with log_path.open("wb") as log:
-                timed = harness.timed_run(shape.wrap(argv), env=environment, log=log)
-            if timed.code != 0 or not record.exists():
-                tail = log_path.read_text(errors="replace")[-2000:]
-                raise harness.BenchError(f"the streaming baseline exited {timed.code}:\n{tail}")
+            timed = harness.timed_step(STREAMING, argv, folder, shape=shape, env=environment)
+            if not record.exists():
+                raise harness.BenchError(f"{STREAMING}: the uploader wrote no record")
             uploaded = json.loads(record.read_text())
         try:
             check_parts(self.store, key, uploaded)
@@ -421,8 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="snapshot sizes in MB (the restore benchmark's: 300, 1000, 100; others scale "
         "the 300 MB one's file counts)",
     )
-    harness.add_cell_options(parser)
-    parser.set_defaults(links=list(DEFAULT_LINKS))
+    harness.add_cell_options(parser, links=DEFAULT_LINKS)
     harness.add_workdir_option(
         parser,
         holds="cached inputs (shared with restore.py), scratch runs, checkpoint-results.json",

@@ -26,9 +26,11 @@ is timed: the engine then holds no layer of it).
 
 Standbys run with both runtimes (processes, containers); the cold paths in containers only.
 Shapes: the task's default, 1 vCPU (`--cpus 1` for a container, one core's affinity for a
-process), and 2 vCPU. Rounds run every cell once, in a random order each round. Reported per
-cell: the median (min-max) of the first command and of the restore's share of it (the
-task's own `ms`; a pre-seeded one's is its bind), and the physical floor of the download.
+process), and 2 vCPU. Rounds run every cell once, each in an order drawn from
+`random.Random(--seed)` and recorded in the JSON (the untimed warm-up round's first).
+Reported per cell: the median (min-max) of the first command and of the restore's share of
+it (the task's own `ms`; a pre-seeded one's is its bind), and the physical floor of the
+download (`LinkSpec.floor_s`).
 Fargate's own start is not reproducible here: it is modelled from the image's size with
 published rates (see MODEL) and stated as an assumption.
 """
@@ -290,24 +292,30 @@ def docker(*args: str) -> None:
 def measure(
     console: Console,
     case: workload.Input,
-    rate: str | None,
+    link: harness.LinkSpec,
     rounds: int,
     image: str,
     *,
+    rng: random.Random,
+    orders: list[tuple[Cell, ...]],
+    disks: harness.Disks,
     with_docker: bool,
 ) -> dict[Cell, list[Run]]:
+    """`rounds` rounds of every cell after an untimed warm-up round, each round's order drawn
+    from `rng` and recorded in `orders` (the warm-up's first)."""
     workdir = harness.default_workdir()
-    disks = harness.Disks()
-    nginx = harness.Nginx(workdir / "archives", workdir, limit_rate=rate, home="nginx-first")
-    rng = random.Random()  # noqa: S311 - orders, not secrets; not seeded (nor recorded)
+    nginx = harness.Nginx(
+        workdir / "archives", workdir, limit_rate=link.per_connection, home="nginx-first"
+    )
     saved = workdir / "slot-image.tar"
     if with_docker:
         docker("save", "--output", str(saved), image)
     results: dict[Cell, list[Run]] = {cell: [] for cell in cells(with_docker)}
     nginx.start()
     try:
-        for number in range(rounds + 1):  # the first: untimed, a warm-up of every cell
-            for cell in harness.shuffled(list(results), rng):
+        # The first: untimed, a warm-up of every cell.
+        for number, order in harness.rounds(rounds + 1, list(results), rng, orders):
+            for cell in order:
                 folder = workdir / "runs" / f"first-{secrets.token_hex(4)}"
                 # A container cell's engine keeps the image (twice: layers and snapshot).
                 capacity = workload.capacity(case) + (
@@ -355,7 +363,7 @@ def report(
     console: Console,
     results: dict[Cell, list[Run]],
     case: workload.Input,
-    rate: str | None,
+    link: harness.LinkSpec,
     *,
     image: str,
     disks: harness.Disks,
@@ -363,7 +371,7 @@ def report(
     table = Table(title=f"first seed call to the sandbox command running ({case.label})")
     for column in ("path", "runtime", "shape", "first command", "restore (its share)", "target"):
         table.add_column(column, justify="left" if column in {"path", "runtime"} else "right")
-    summary: dict[str, object] = {"size": case.label, "rate": harness.rate_label(rate)}
+    summary: dict[str, object] = {"size": case.label, "rate": link.label}
     for cell, runs in results.items():
         firsts = [run.first_command_s for run in runs]
         restores = [run.restore_s for run in runs]
@@ -390,12 +398,11 @@ def report(
         summary[cell.label] = [asdict(run) for run in runs]
     console.print(table)
     parts = slot_task.TASK_PARTS  # the task's download_parts: ranges of each archive at once
-    if rate is not None:
-        per_connection = harness.rate_bytes(rate)
-        floor = max(archived.size for archived in case.archives) / (parts * per_connection)
+    if link.per_connection is not None:
+        floor = link.floor_s([archived.size for archived in case.archives], parts)
         console.print(
             f"physical floor of the download: the larger archive in {parts} ranges at "
-            f"{harness.rate_label(rate)}: {floor:.2f} s (both archives come at once)"
+            f"{link.label}: {floor:.2f} s (both archives come at once)"
         )
     sizes = image_megabytes(image)
     if sizes is not None:
@@ -411,7 +418,7 @@ def report(
         summary["image_mb"] = {"uncompressed": unpacked, "gzip": packed, "fargate_start_s": start}
     console.print(
         f"[dim]disk: {disks.description}; archives from nginx on loopback, "
-        f"{harness.rate_label(rate)}; each container cell on a Docker engine of its own, its "
+        f"{link.label}; each container cell on a Docker engine of its own, its "
         "data on that ext4[/dim]"
     )
     return summary
@@ -420,12 +427,19 @@ def report(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--size", type=workload.size_for, default=workload.size_for("300 MB"))
-    parser.add_argument("--rate", default="50m", help="nginx limit_rate per connection, or none")
+    parser.add_argument(
+        "--rate",
+        type=harness.parse_rate,
+        default="50m",
+        help="nginx limit_rate per connection, or none",
+    )
     parser.add_argument("--rounds", type=int, default=3)
+    harness.add_seed_option(parser)
     parser.add_argument("--image", default=DEFAULT_IMAGE)
     options = parser.parse_args(argv)
     console = harness.console(160)
-    (rate,) = harness.parse_rates([options.rate])
+    rate = options.rate  # None: unlimited
+    link = harness.LinkSpec("first-command", harness.rate_label(rate), per_connection=rate)
     logger.setLevel("WARNING")
     os.environ["POWERTOOLS_METRICS_DISABLED"] = "true"
     with_docker = (
@@ -440,15 +454,26 @@ def main(argv: list[str] | None = None) -> int:
     workdir = harness.default_workdir()
     case = workload.build_input(options.size, workdir, console)
     disks = harness.Disks()
+    orders: list[tuple[Cell, ...]] = []
     try:
         results = measure(
-            console, case, rate, options.rounds, options.image, with_docker=with_docker
+            console,
+            case,
+            link,
+            options.rounds,
+            options.image,
+            rng=random.Random(options.seed),  # noqa: S311 - orders, not secrets
+            orders=orders,
+            disks=disks,
+            with_docker=with_docker,
         )
     except harness.BenchError as broken:
         harness.could_not_measure(console, broken)
         return 1
-    summary = report(console, results, case, rate, image=options.image, disks=disks)
-    harness.write_json(workdir / "first-command-results.json", summary, indent=1)
+    summary = report(console, results, case, link, image=options.image, disks=disks)
+    summary["seed"] = options.seed
+    summary["orders"] = [[cell.label for cell in order] for order in orders]  # warm-up first
+    harness.write_results(console, workdir / "first-command-results.json", summary)
     return 0
 
 

@@ -64,6 +64,8 @@ DEFAULT_IMAGE = "seedkeeper-slot-task:local"
 READY = ["--entrypoint", "/opt/seedkeeper/bin/python"]
 READY_ARGS = ["-c", "import seedkeeper_task.launch"]
 SIDES = ("before", "after")
+# The benchmark's dockerd puts its containers' cgroups under this one of its own.
+CGROUP_PARENT = "seedkeeper-image-bench"
 MB = 1e6
 
 
@@ -208,7 +210,7 @@ class Engine:
                 "--iptables=false",
                 "--ip-masq=false",
                 "--ip-forward=false",
-                "--cgroup-parent", "seedkeeper-image-bench",
+                "--cgroup-parent", CGROUP_PARENT,
                 "--log-level", "error",
             ],
             stdout=log,
@@ -242,6 +244,11 @@ class Engine:
             with contextlib.suppress(harness.BenchError):
                 self.empty()  # its containers' and images' mounts go with them
             harness.stop_process(self.process, grace=60)
+            # dockerd removes its containers' cgroups, never the parent it made for them
+            cgroups = Path("/sys/fs/cgroup")  # v2's root, or v1's controllers under it
+            for parent in [cgroups / CGROUP_PARENT, *cgroups.glob(f"*/{CGROUP_PARENT}")]:
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
         if self.made_bridge:
             run(["ip", "link", "delete", self.bridge])
 

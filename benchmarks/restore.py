@@ -100,7 +100,7 @@ from restore_baselines import FLOOR, PLAIN, STRONGEST, Baselines
 from restore_report import Result, report
 
 MB = harness.MB
-# The commands every run needs, and the Debian packages holding them.
+# The commands its runs need besides the harness's, and the Debian packages holding them.
 TOOLS = {
     "git": "git",
     "mksquashfs": "squashfs-tools",
@@ -177,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     shapes=shapes,
                     rounds=options.rounds,
                     rng=random.Random(options.seed),  # noqa: S311 - orders, not secrets
+                    disks=disks,
                     plain=(),
                     plain_up_to=options.plain_up_to,
                 )
@@ -196,6 +197,7 @@ def measure_all(
     shapes: list[harness.CpuShape],
     rounds: int,
     rng: random.Random,
+    disks: harness.Disks,
     plain: tuple[str, ...] = PLAIN,
     plain_up_to: workload.Size | None = None,
 ) -> list[Result]:
@@ -216,7 +218,7 @@ def measure_all(
                             nginx=server,
                             shape=shape,
                             environment=environment,
-                            disks=harness.Disks(),
+                            disks=disks,
                             runs=workdir / "runs",
                             counter=slots,
                             tasks=slot_task.Tasks(backend, server, environment, shape),

@@ -34,7 +34,7 @@ class Result:
         default_factory=lambda: {name: [] for name in (*BASELINES, FLOOR)}
     )
     orders: list[tuple[str, ...]] = field(default_factory=list)  # each round's
-    plain: tuple[str, ...] = PLAIN  # the plain baselines run (`--plain`)
+    plain: tuple[str, ...] = PLAIN  # the plain baselines run (none above `--plain-up-to`)
 
     @property
     def measured(self) -> tuple[str, ...]:
@@ -87,22 +87,6 @@ class Result:
         ours = [run.process_s if whole else run.restore_s for run in self.ours]
         return harness.ratios(ours, against)
 
-    def ours_steps(self) -> dict[str, float]:
-        """The task's steps (medians, s), what else its restore did, and its process's own
-        cost around it."""
-        names = sorted({name for run in self.ours for name in run.steps_ms})
-        medians = {
-            name: statistics.median(run.steps_ms.get(name, 0) for run in self.ours) / 1000
-            for name in names
-        }
-        medians["other (preflight, cleanup)"] = statistics.median(
-            run.restore_s - sum(run.steps_ms.values()) / 1000 for run in self.ours
-        )
-        medians["process (interpreter, imports, start call, settle)"] = statistics.median(
-            run.process_s - run.restore_s for run in self.ours
-        )
-        return medians
-
     def baseline_steps(self, baseline: str) -> dict[str, float]:
         runs = self.baselines[baseline]
         return {
@@ -134,7 +118,7 @@ class Result:
             },
             **ratios,
             "peak_rss_mb": self.peak_rss_mb,
-            "ours_steps_median_s": self.ours_steps(),
+            "ours_steps_median_s": slot_task.task_steps(self.ours),
             **{
                 f"{baseline}_steps_median_s": self.baseline_steps(baseline)
                 for baseline in self.measured
@@ -287,7 +271,7 @@ def _steps_table(results: list[Result]) -> Table:
     for heading in ("cell", "ours: step", "s", *baselines):
         steps.add_column(heading, justify="right" if heading == "s" else "left")
     for result in results:
-        listed = [result.ours_steps()] + [
+        listed = [slot_task.task_steps(result.ours)] + [
             result.baseline_steps(baseline) if baseline in result.measured else {}
             for baseline in BASELINES
         ]

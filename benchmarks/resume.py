@@ -107,16 +107,13 @@ MB = harness.MB
 DEFAULT_SIZES = ("300 MB",)
 CAPTURE_TIMEOUT = 900.0
 DOWNLOADED = "checkpoint.sqsh"  # the baseline's download, on the run's fresh filesystem
-# The commands every run needs, and the Debian packages holding them.
+# The commands its runs need besides the harness's, and the Debian packages holding them.
 TOOLS = {
     "git": "git",
     "mksquashfs": "squashfs-tools",
     "unsquashfs": "squashfs-tools",
     "openssl": "openssl",
     "aria2c": "aria2",
-    "nginx": "nginx",
-    "mkfs.ext4": "e2fsprogs",
-    "tc": "iproute2",
 }
 _TIMES = re.compile(r"(\d+)m([0-9.]+)s")
 

@@ -83,22 +83,6 @@ class Result:
     def baseline_to_floor(self) -> list[float]:
         return harness.ratios([run.total_s for run in self.baseline], self.floors())
 
-    def resume_steps(self) -> dict[str, float]:
-        """The task's steps (medians, s), what else its restore did, and its process's
-        own cost around it."""
-        names = sorted({name for run in self.resume for name in run.steps_ms})
-        medians = {
-            name: statistics.median([run.steps_ms.get(name, 0) for run in self.resume]) / 1000
-            for name in names
-        }
-        medians["other (preflight, cleanup)"] = statistics.median(
-            [run.restore_s - sum(run.steps_ms.values()) / 1000 for run in self.resume]
-        )
-        medians["process (interpreter, imports, start call, settle)"] = statistics.median(
-            [run.process_s - run.restore_s for run in self.resume]
-        )
-        return medians
-
     @staticmethod
     def shell_steps(runs: list[ShellRun]) -> dict[str, tuple[float, float]]:
         """(wall, CPU) medians per step, and the shell's own share (its start, its marks)."""
@@ -152,7 +136,7 @@ class Result:
                 ),
             },
             "target": {"resume_to_baseline_at_most": TARGET, "met": self.met},
-            "resume_steps_median_s": self.resume_steps(),
+            "resume_steps_median_s": slot_task.task_steps(self.resume),
             "seed_steps_median_s": {
                 name: statistics.median([run.steps_ms.get(name, 0) for run in self.seed]) / 1000
                 for name in sorted({name for run in self.seed for name in run.steps_ms})
@@ -195,7 +179,8 @@ def report(
     *,
     seed: int,
 ) -> None:
-    console.print(_results_table(results))
+    summaries = [result.summary() for result in results]
+    console.print(_results_table(results, summaries))
     console.print(_steps_table(results))
     console.print(
         f"[dim]resume: the slot task's whole process (spawn to settled record); its steps are "
@@ -237,12 +222,13 @@ def report(
                 )
             },
             "target": {"resume_to_baseline_at_most": TARGET},
-            "results": [result.summary() for result in results],
+            "results": summaries,
         },
     )
 
 
-def _results_table(results: list[Result]) -> Table:
+def _results_table(results: list[Result], summaries: list[dict[str, Any]]) -> Table:
+    """The cells' figures, from their summaries (`Result.summary`, in the same order)."""
     spread = harness.spread
     table = Table(
         title="Resume: the slot task resuming a parked slot vs aria2c -x8 + sha256 + "
@@ -268,8 +254,7 @@ def _results_table(results: list[Result]) -> Table:
     ):
         left = column in ("link", "size")
         table.add_column(column, justify="left" if left else "right", no_wrap=left)
-    for result in results:
-        summary = result.summary()
+    for result, summary in zip(results, summaries, strict=True):
         medians, cpu, paired = summary["median_s"], summary["median_cpu_s"], summary["paired"]
         table.add_row(
             result.link.name,
@@ -306,7 +291,8 @@ def _steps_table(results: list[Result]) -> Table:
         steps.add_column(heading, justify="left" if heading.endswith(("cell", "step")) else "right")
     for result in results:
         resume: list[tuple[str, str]] = [
-            (name, f"{seconds:.2f}") for name, seconds in result.resume_steps().items()
+            (name, f"{seconds:.2f}")
+            for name, seconds in slot_task.task_steps(result.resume).items()
         ]
         resume.append(
             (
@@ -363,7 +349,8 @@ def _targets(console: Console, results: list[Result]) -> None:
 def _where_the_time_goes(result: Result) -> str:
     """Both sides, step by step, and what the resume would have to take."""
     resume = " + ".join(
-        f"{name.split(' (')[0]} {seconds:.2f}" for name, seconds in result.resume_steps().items()
+        f"{name.split(' (')[0]} {seconds:.2f}"
+        for name, seconds in slot_task.task_steps(result.resume).items()
     )
     shell = result.shell_steps(result.baseline)
     baseline = " + ".join(f"{name.split(' (')[0]} {wall:.2f}" for name, (wall, _) in shell.items())

@@ -21,10 +21,11 @@ import json
 import os
 import secrets
 import shlex
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -149,6 +150,22 @@ class TaskRun:
             tree_max_rss_kb=timed.max_rss_kb,
             cpu_s=timed.cpu_s,
         )
+
+
+def task_steps(runs: Sequence[TaskRun]) -> dict[str, float]:
+    """The task's steps (medians over `runs`, s), what else its restore did, and its
+    process's own cost around it."""
+    names = sorted({name for run in runs for name in run.steps_ms})
+    medians = {
+        name: statistics.median(run.steps_ms.get(name, 0) for run in runs) / 1000 for name in names
+    }
+    medians["other (preflight, cleanup)"] = statistics.median(
+        run.restore_s - sum(run.steps_ms.values()) / 1000 for run in runs
+    )
+    medians["process (interpreter, imports, start call, settle)"] = statistics.median(
+        run.process_s - run.restore_s for run in runs
+    )
+    return medians
 
 
 def ready_s(timed: harness.Timed, folder: Path, slot: str) -> float:

@@ -10,8 +10,8 @@
 - `rounds`: cells of rounds, each round's order shuffled by a recorded seed, and the
   options that choose them;
 - `stats`: medians with their spread, and ratios paired by round;
-- `report`: the console, the tables' side-by-side steps, the targets' verdicts and the JSON
-  of every raw run.
+- `report`: the commands the harness needs, the console, the tables' side-by-side steps,
+  the targets' verdicts and the JSON of every raw run with the commit it was measured at.
 
 The benchmarks run as scripts (`python benchmarks/restore.py`): their folder is on sys.path
 and they import this package as `harness`.
@@ -23,7 +23,7 @@ from .links import (
     LINKS,
     LinkSpec,
     Nginx,
-    parse_rates,
+    parse_rate,
     rate_bytes,
     rate_label,
     serve_object,
@@ -39,11 +39,11 @@ from .report import (
     missing_tool,
     peak_rss_verdicts,
     verdict,
-    write_json,
     write_results,
 )
 from .rounds import (
     add_cell_options,
+    add_seed_option,
     add_workdir_option,
     default_workdir,
     rounds,
@@ -84,6 +84,7 @@ __all__ = [
     "Timed",
     "add_cell_options",
     "add_rows_side_by_side",
+    "add_seed_option",
     "add_side_by_side",
     "add_workdir_option",
     "console",
@@ -94,7 +95,7 @@ __all__ = [
     "environment",
     "free_port",
     "missing_tool",
-    "parse_rates",
+    "parse_rate",
     "peak_rss_verdicts",
     "rate_bytes",
     "rate_label",
@@ -114,6 +115,5 @@ __all__ = [
     "unwind_on_sigterm",
     "verdict",
     "version",
-    "write_json",
     "write_results",
 ]

@@ -21,6 +21,9 @@ from pathlib import Path
 
 from .runs import run_checked
 
+# The commands a fresh filesystem takes (the command: its Debian package).
+TOOLS = {"mkfs.ext4": "e2fsprogs", "mount": "mount"}
+
 
 class Disks:
     """A new journaled ext4 per run, on a loop-mounted sparse image (root only); otherwise

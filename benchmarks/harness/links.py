@@ -53,6 +53,9 @@ HTTPS_ROUND_TRIPS = 3
 GOODPUT = 1448 / 1500
 DELAYLINE_SOURCE = Path(__file__).resolve().parents[1] / "delayline.c"  # benchmarks/
 NAMESPACE_PREFIX = "skbench"
+# The commands the links run (the command: its Debian package): the server, its
+# certificate, the namespace and its caps, the delay line's compiler.
+TOOLS = {"nginx": "nginx", "openssl": "openssl", "ip": "iproute2", "tc": "iproute2", "cc": "gcc"}
 
 
 @dataclass(frozen=True)
@@ -401,20 +404,19 @@ def serve_object(root: Path, key: str, source: Path, *, bucket: str) -> None:
     os.link(source, target)
 
 
-# -- rates, for the first-command benchmark's per-connection link ---------------------------
+# -- a rate, for the first-command benchmark's per-connection link ---------------------------
 
 UNLIMITED = "none"
 
 
-def parse_rates(rates: Sequence[str]) -> list[str | None]:
-    """nginx rates ("50m": 50 MiB/s per connection), UNLIMITED as None."""
-    parsed = [None if rate == UNLIMITED else rate for rate in rates]
-    for rate in parsed:
-        if rate is not None and not re.fullmatch(r"[1-9][0-9]*[km]?", rate):
-            raise argparse.ArgumentTypeError(
-                f"--rates: nginx rates like 50m or 800k, or {UNLIMITED!r}"
-            )
-    return parsed
+def parse_rate(rate: str) -> str | None:
+    """An nginx rate ("50m": 50 MiB/s per connection), UNLIMITED as None (argparse's type of
+    --rate, which names the option in its error)."""
+    if rate == UNLIMITED:
+        return None
+    if not re.fullmatch(r"[1-9][0-9]*[km]?", rate):
+        raise argparse.ArgumentTypeError(f"an nginx rate like 50m or 800k, or {UNLIMITED!r}")
+    return rate
 
 
 def rate_label(rate: str | None) -> str:

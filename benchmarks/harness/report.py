@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from . import disks, links
+
 RSS_TARGET_MB = 150.0  # issue 31: a task's or supervisor's peak RSS
 # "Not growing with size": the larger archive's peak is within this of the smaller's.
 RSS_FLAT_MB = 10.0
+REPOSITORY = Path(__file__).resolve().parents[2]
+# The commands the harness itself runs (its links', its disks'): each benchmark adds its own.
+TOOLS = links.TOOLS | disks.TOOLS
 
 
 def console(width: int) -> Console:
@@ -31,8 +37,9 @@ def could_not_measure(console: Console, broken: Exception) -> None:
 
 
 def missing_tool(console: Console, tools: Mapping[str, str]) -> bool:
-    """Whether a command of `tools` (the command: its Debian package) is missing, said so."""
-    for tool, package in tools.items():
+    """Whether a command the harness runs (TOOLS) or of `tools` (the command: its Debian
+    package) is missing, said so."""
+    for tool, package in (TOOLS | dict(tools)).items():
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
             console.print(
                 f"[red]{tool} is not installed: apt-get install {package} (make bench "
@@ -94,11 +101,29 @@ def add_rows_side_by_side(
         table.add_row(*cells, end_section=index == count - 1)
 
 
-def write_json(path: Path, data: Any, *, indent: int = 2) -> None:
-    path.write_text(json.dumps(data, indent=indent))
-
-
-def write_results(console: Console, path: Path, data: Any, *, says: str = "figures") -> None:
-    """The figures and every raw run, as JSON at `path`, and where they are."""
-    write_json(path, data)
+def write_results(
+    console: Console, path: Path, data: Mapping[str, Any], *, says: str = "figures"
+) -> None:
+    """The figures and every raw run, as JSON at `path`, with the code they were measured
+    with (`code`: so a figure quoted as from the benchmark as committed can be checked), and
+    where they are."""
+    path.write_text(json.dumps({**data, "code": git_state()}, indent=2))
     console.print(f"{says}: {path}")
+
+
+def git_state() -> dict[str, Any]:
+    """The repository's HEAD and whether the tree differed from it (`git status --porcelain`
+    said anything) when the figures were written; None each where git cannot tell."""
+    head = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain")
+    return {
+        "commit": head.strip() if head is not None else None,
+        "dirty": bool(status.strip()) if status is not None else None,
+    }
+
+
+def _git(*args: str) -> str | None:
+    done = subprocess.run(
+        ["git", "-C", str(REPOSITORY), *args], check=False, capture_output=True, text=True
+    )
+    return done.stdout if done.returncode == 0 else None

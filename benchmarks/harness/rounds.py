@@ -29,16 +29,18 @@ def default_workdir() -> Path:
     return Path(tempfile.gettempdir()) / "seedkeeper-bench"
 
 
-def add_cell_options(parser: argparse.ArgumentParser, *, rounds: int = MIN_ROUNDS) -> None:
-    """--links, --cpus, --rounds and --seed, as the restore, resume and checkpoint
-    benchmarks take them: every link at every CPU shape is a cell."""
+def add_cell_options(
+    parser: argparse.ArgumentParser, *, links: Sequence[str] = tuple(LINKS)
+) -> None:
+    """--links (default `links`), --cpus, --rounds and --seed, as the restore, resume and
+    checkpoint benchmarks take them: every link at every CPU shape is a cell."""
     parser.add_argument(
         "--links",
         nargs="+",
         choices=list(LINKS),
-        default=list(LINKS),
+        default=list(links),
         metavar="LINK",
-        help=f"the links to measure on, of {', '.join(LINKS)} (default: all)",
+        help=f"the links to measure on, of {', '.join(LINKS)} (default: {' '.join(links)})",
     )
     parser.add_argument(
         "--cpus",
@@ -51,9 +53,14 @@ def add_cell_options(parser: argparse.ArgumentParser, *, rounds: int = MIN_ROUND
     parser.add_argument(
         "--rounds",
         type=_at_least(MIN_ROUNDS),
-        default=rounds,
+        default=MIN_ROUNDS,
         help=f"rounds per cell, each in an order of its own (at least {MIN_ROUNDS})",
     )
+    add_seed_option(parser)
+
+
+def add_seed_option(parser: argparse.ArgumentParser) -> None:
+    """--seed: the random orders' seed, recorded in the JSON."""
     parser.add_argument(
         "--seed", type=int, default=1, help="the random orders' seed (recorded in the JSON)"
     )

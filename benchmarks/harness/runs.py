@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import signal
 import socket
@@ -150,9 +151,11 @@ def timed_run(argv: Sequence[str], *, env: dict[str, str], log: IO[bytes]) -> Ti
 def timed_step(
     name: str, argv: Sequence[str], folder: Path, *, shape: CpuShape, env: dict[str, str]
 ) -> Timed:
-    """One timed command inside `shape`; its output in `folder`/<name>.log (spaces as
-    dashes), a failure raised with its tail."""
-    log = folder / f"{name.replace(' ', '-')}.log"
+    """One timed command inside `shape`; its output in `folder`/<name>.log (`name` may be a
+    command line: in the file's name each run of characters other than letters, digits, dots
+    and dashes is a dash), a failure raised with its tail."""
+    stem = re.sub(r"[^\w.-]+", "-", name).strip("-")
+    log = folder / f"{stem}.log"
     with log.open("wb") as output:
         timed = timed_run(shape.wrap(argv), env=env, log=output)
     if timed.code != 0:

@@ -14,12 +14,17 @@ from __future__ import annotations
 import io
 import json
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
+
+# A figure of a cell's JSON (None where the cell has none), and a method plotted: its name,
+# its median seconds and, for ours, the paired ratios shown above its bars.
+Getter = Callable[[dict[str, Any]], Any]
+Method = tuple[str, Getter, Getter | None]
 
 DATA = Path("benchmarks") / "data"
 PLOTS = "benchmarks/plots"
@@ -44,15 +49,29 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
     return files
 
 
+def _at(*keys: str) -> Getter:
+    """The figure at `keys` of a cell's JSON, None where it has none."""
+
+    def get(cell: dict[str, Any]) -> Any:
+        value: Any = cell
+        for key in keys:
+            if key not in value:
+                return None
+            value = value[key]
+        return value
+
+    return get
+
+
 def _restore(documents: list[dict[str, Any]]) -> str:
     cells = [cell for document in documents for cell in document["results"]]
     sizes = [size for size in ("300 MB", "1 GB") if any(cell["size"] == size for cell in cells)]
-    methods = [
-        ("ours", "median_ours_process_s", "paired_process_to_shell"),
-        ("shell (strongest)", "median_shell_s", None),
-        ("aria2c -x4", "median_aria2c_s", None),
-        ("curl", "median_curl_s", None),
-        ("floor: unsquashfs + link", "median_unsquashfs_plus_link_floor_s", None),
+    methods: list[Method] = [
+        ("ours", _at("median_ours_process_s"), _at("paired_process_to_shell")),
+        ("shell (strongest)", _at("median_shell_s"), None),
+        ("aria2c -x4", _at("median_aria2c_s"), None),
+        ("curl", _at("median_curl_s"), None),
+        ("floor: unsquashfs + link", _at("median_unsquashfs_plus_link_floor_s"), None),
     ]
     panels = []
     for size in sizes:
@@ -68,16 +87,11 @@ def _restore(documents: list[dict[str, Any]]) -> str:
 
 def _resume(documents: list[dict[str, Any]]) -> str:
     cells = [cell for document in documents for cell in document["results"]]
-    for cell in cells:
-        cell["_resume"] = cell["median_s"]["resume"]
-        cell["_baseline"] = cell["median_s"]["baseline"]
-        cell["_seed"] = cell["median_s"]["seed"]
-        cell["_ratio"] = cell["paired"]["resume_to_baseline"]
-    methods = [
-        ("resume (ours)", "_resume", "_ratio"),
-        ("baseline: aria2c + sha256 + unsquashfs", "_baseline", None),
-        ("a fresh seed", "_seed", None),
-        ("floor: unsquashfs + link", "floor_s", None),
+    methods: list[Method] = [
+        ("resume (ours)", _at("median_s", "resume"), _at("paired", "resume_to_baseline")),
+        ("baseline: aria2c + sha256 + unsquashfs", _at("median_s", "baseline"), None),
+        ("a fresh seed", _at("median_s", "seed"), None),
+        ("floor: unsquashfs + link", _at("floor_s"), None),
     ]
     return _bars(
         [(f"resume, {cells[0]['size']}", cells)],
@@ -89,14 +103,10 @@ def _resume(documents: list[dict[str, Any]]) -> str:
 
 def _checkpoint(documents: list[dict[str, Any]]) -> str:
     cells = [cell for document in documents for cell in document["cells"]]
-    for cell in cells:
-        for method in ("ours", "tar+openssl+curl", "streaming"):
-            cell[f"_{method}"] = cell["median_s"][method]
-        cell["_ratio"] = cell["paired_ratios"]["streaming"]
-    methods = [
-        ("ours", "_ours", "_ratio"),
-        ("tar+openssl+curl", "_tar+openssl+curl", None),
-        ("streaming: tar | zstd | multipart", "_streaming", None),
+    methods: list[Method] = [
+        ("ours", _at("median_s", "ours"), _at("paired_ratios", "streaming")),
+        ("tar+openssl+curl", _at("median_s", "tar+openssl+curl"), None),
+        ("streaming: tar | zstd | multipart", _at("median_s", "streaming"), None),
     ]
     cells.sort(key=lambda cell: "1 GB" in cell["size"])  # the one 1 GB cell last
     return _bars(
@@ -109,7 +119,7 @@ def _checkpoint(documents: list[dict[str, Any]]) -> str:
 
 def _bars(
     panels: list[tuple[str, list[dict[str, Any]]]],
-    methods: Iterable[tuple[str, str, str | None]],
+    methods: Iterable[Method],
     *,
     label: Any,
     ratio_name: str,
@@ -125,37 +135,35 @@ def _bars(
     methods = list(methods)
     # A method keeps its colour in every panel, whichever methods a panel shows.
     colours = {
-        key: OURS if index == 0 else BASELINES[(index - 1) % len(BASELINES)]
-        for index, (_, key, _) in enumerate(methods)
+        name: OURS if index == 0 else BASELINES[(index - 1) % len(BASELINES)]
+        for index, (name, _, _) in enumerate(methods)
     }
     width_cells = max(len(cells) for _, cells in panels)
     figure, axes = plt.subplots(
         len(panels), 1, figsize=(1.2 * width_cells + 1.8, 2.6 * len(panels) + 0.6), squeeze=False
     )
     for axis, (title, cells) in zip(axes[:, 0], panels, strict=True):
-        shown = [
-            (name, key, ratio) for name, key, ratio in methods if any(c.get(key) for c in cells)
-        ]
+        shown = [method for method in methods if any(method[1](cell) for cell in cells)]
         width = 0.8 / len(shown)
-        for index, (name, key, ratio) in enumerate(shown):
+        for index, (name, median, ratio) in enumerate(shown):
             xs = [
                 cell_index + (index - (len(shown) - 1) / 2) * width
                 for cell_index in range(len(cells))
             ]
-            heights = [cell.get(key) or 0.0 for cell in cells]
+            heights = [median(cell) or 0.0 for cell in cells]
             axis.bar(
                 xs,
                 heights,
                 width,
                 label=name,
-                color=colours[key],
+                color=colours[name],
                 edgecolor="#424242",
                 linewidth=0.4,
             )
             if ratio:
                 for x, height, cell in zip(xs, heights, cells, strict=True):
                     axis.annotate(
-                        f"{statistics.median(cell[ratio]):.2f}\N{MULTIPLICATION SIGN}",
+                        f"{statistics.median(ratio(cell)):.2f}\N{MULTIPLICATION SIGN}",
                         (x, height),
                         xytext=(0, 2),
                         textcoords="offset points",
