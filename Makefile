@@ -10,40 +10,59 @@ TS_CLIENT := clients/typescript
 TS_STAMP := $(TS_CLIENT)/node_modules/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup system-packages test unit lint format pr clean demo docs client-ts sam-validate image docker-packages lambda-image sam-cli sam-local-build
+.PHONY: help setup setup-python system-packages node-packages test unit lint format pr clean demo docs client-ts sam-validate image docker-packages lambda-image sam-cli sam-local-build
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-setup: system-packages $(STAMP) $(IAM_STAMP) $(TS_STAMP) ## Create .venv with the project, the Python client and the dev tools, the IAM check's evaluator and the TypeScript client's packages; install git, squashfs-tools and node if missing
+setup: setup-python $(IAM_STAMP) $(TS_STAMP) ## What setup-python makes, and the node packages of the IAM check's evaluator and the TypeScript client; install node (>= 20) and npm if missing
 
-# Installs the Debian packages of the commands missing here (with apt-get, as root), or
-# says which to install: $(call apt-packages,command:package ...). /usr/sbin counts too:
-# a user's PATH may not have it.
+setup-python: $(STAMP) ## Create .venv with the project, the Python client and the dev tools; install git, squashfs-tools and python3-venv if missing
+
+# Installs the Debian packages named in $$missing (with apt-get, as root), or says which
+# to install.
+define apt-install
+if [ -n "$$missing" ]; then \
+  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+    echo "installing$$missing with apt-get"; \
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+  else \
+    echo "please install:$$missing (apt-get needs root here)" >&2; exit 1; \
+  fi; \
+fi
+endef
+
+# The Debian packages of the commands missing here: $(call apt-packages,command:package ...).
+# /usr/sbin counts too: a user's PATH may not have it.
 define apt-packages
 	@missing=""; \
 	for wanted in $(1); do \
 	  command -v "$${wanted%%:*}" >/dev/null || test -x "/usr/sbin/$${wanted%%:*}" \
 	    || missing="$$missing $${wanted##*:}"; \
 	done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing$$missing with apt-get"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	  else \
-	    echo "please install:$$missing (apt-get needs root here)" >&2; exit 1; \
-	  fi; \
-	fi
+	$(apt-install)
 endef
 
-# git and squashfs-tools are system tools the slot task and the tests run for real; node
-# runs the suite's IAM evaluator (tests/iam).
+# git and squashfs-tools are system tools the slot task and the tests run for real.
+# `$(PYTHON) -m venv` needs ensurepip, which Debian and Ubuntu ship apart (python3-venv).
 system-packages:
-	$(call apt-packages,git:git unsquashfs:squashfs-tools node:nodejs npm:npm)
+	$(call apt-packages,git:git unsquashfs:squashfs-tools)
+	@missing=""; $(PYTHON) -c 'import ensurepip' 2>/dev/null || missing=" python3-venv"; \
+	$(apt-install)
 
-# The executor's client (clients/python) is a distribution of its own; the slot task signs
-# its calls with the client's transport.
-$(STAMP): pyproject.toml clients/python/pyproject.toml
+# node runs the suite's IAM evaluator (tests/iam) and the TypeScript client, which needs
+# node >= 20 (its package.json's engines; aws4fetch signs with the global crypto.subtle).
+# Debian 12's nodejs is 18.
+node-packages:
+	$(call apt-packages,node:nodejs npm:npm)
+	@node -e 'process.exit(process.versions.node.split(".")[0] >= 20 ? 0 : 1)' || { \
+	  echo "node $$(node --version) is too old: node >= 20 is needed (Debian 13's nodejs," \
+	    "or NodeSource's: https://github.com/nodesource/distributions)" >&2; exit 1; }
+
+# The executor's client (clients/python) is a distribution of its own, which the project
+# depends on (the slot task signs its calls with the client's transport): pip takes it
+# from its folder when one command installs both.
+$(STAMP): pyproject.toml clients/python/pyproject.toml | system-packages
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]' -e clients/python
@@ -51,7 +70,7 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml
 
 # The suite's IAM evaluator (@cloud-copilot/iam-simulate, AGPL: a dev-only tool the tests
 # run in a node process of their own), exactly as package-lock.json pins it.
-$(IAM_STAMP): $(IAM_NODE)/package-lock.json
+$(IAM_STAMP): $(IAM_NODE)/package-lock.json | node-packages
 	npm ci --prefix $(IAM_NODE) --no-audit --no-fund --silent
 	touch $@
 
@@ -70,7 +89,7 @@ docs: $(DOCS_STAMP) ## Build the documentation site into site/ (mkdocs build --s
 # The TypeScript client's packages (aws4fetch; tsc), exactly as package-lock.json pins them;
 # npm ci also builds dist/ (the package's prepare script). `make test` runs its tests
 # against the local stack (tests/e2e/test_typescript_client.py).
-$(TS_STAMP): $(TS_CLIENT)/package-lock.json $(TS_CLIENT)/package.json
+$(TS_STAMP): $(TS_CLIENT)/package-lock.json $(TS_CLIENT)/package.json | node-packages
 	npm ci --prefix $(TS_CLIENT) --no-audit --no-fund --silent
 	touch $@
 
@@ -83,7 +102,7 @@ client-ts: setup ## Build the TypeScript client (tsc) and run its tests: node --
 # from Debian 13's packages (debootstrap) where no registry answers.
 SLOT_IMAGE ?= seedkeeper-slot-task:local
 
-image: setup docker-packages ## Build the slot task image (needs a running Docker engine) and report its size
+image: setup-python docker-packages ## Build the slot task image (needs a running Docker engine) and report its size
 	@docker info >/dev/null 2>&1 || { echo "no Docker engine answers: start dockerd (as root: dockerd &)" >&2; exit 1; }
 	SLOT_IMAGE=$(SLOT_IMAGE) images/slot-task
 
@@ -91,7 +110,7 @@ image: setup docker-packages ## Build the slot task image (needs a running Docke
 docker-packages:
 	$(call apt-packages,dockerd:docker.io debootstrap:debootstrap)
 
-demo: setup ## Run the whole protocol locally (local stack, real git, real slot tasks), checked step by step
+demo: setup-python ## Run the whole protocol locally (local stack, real git, real slot tasks), checked step by step
 	$(BIN)/seedkeeper demo
 
 # The whole suite runs in TEST_WORKERS processes (pytest-xdist; 0: in this one). Its tests
@@ -105,11 +124,11 @@ PYTEST_ARGS ?=
 test: setup ## Run the whole test suite (unit, integration, e2e), in parallel
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
-unit: setup ## Run the network-free unit tests (tests/unit) only: seconds
+unit: setup-python ## Run the network-free unit tests (tests/unit) only: seconds
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 # mypy checks the docs' hooks too, so it needs the docs extra (mkdocs, matplotlib).
-lint: setup $(DOCS_STAMP) checkov-cli ## ruff (lint and format check), mypy, and checkov on template.yaml (offline; .checkov.yaml lists each skip and why)
+lint: setup-python $(DOCS_STAMP) checkov-cli ## ruff (lint and format check), mypy, and checkov on template.yaml (offline; .checkov.yaml lists each skip and why)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -120,10 +139,10 @@ lint: setup $(DOCS_STAMP) checkov-cli ## ruff (lint and format check), mypy, and
 CHECKOV_VENV := .checkov-venv
 
 .PHONY: checkov-cli
-checkov-cli:
+checkov-cli: system-packages
 	test -x $(CHECKOV_VENV)/bin/checkov || { $(PYTHON) -m venv $(CHECKOV_VENV) && $(CHECKOV_VENV)/bin/pip install --quiet 'checkov==3.3.30'; }
 
-format: setup ## Apply ruff's fixes and formatting
+format: setup-python ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
@@ -132,7 +151,7 @@ pr: lint docs test ## Everything a change must pass before it lands
 # The working-day soak runs SOAK_MINUTES (10: about 13 minutes in all; 1 for a quick look).
 SOAK_MINUTES ?= 10
 
-bench: setup bench-packages docker-packages ## Benchmark the restore, the checkpoint and the resume (three links, 1 and 2 vCPU), imports, sweep, API calls, a container seed, the slot image, the time to the first command, a working day on the local stack
+bench: setup-python bench-packages docker-packages ## Benchmark the restore, the checkpoint and the resume (three links, 1 and 2 vCPU), imports, sweep, API calls, a container seed, the slot image, the time to the first command, a working day on the local stack
 	$(BIN)/python benchmarks/restore.py --sizes "1 GB" "300 MB" --rounds 5 --plain-up-to "300 MB"
 	$(BIN)/python benchmarks/checkpoint.py --sizes 1000 300
 	$(BIN)/python benchmarks/resume.py --sizes "300 MB" --rounds 5
@@ -140,7 +159,7 @@ bench: setup bench-packages docker-packages ## Benchmark the restore, the checkp
 	$(BIN)/python benchmarks/sweep.py
 	$(BIN)/python benchmarks/calls.py
 	$(BIN)/python benchmarks/container.py
-	$(BIN)/python benchmarks/image.py --before-ref 3a0f7e2  # the image before issue 30 slimmed it
+	$(BIN)/python benchmarks/image.py --before-ref 3a0f7e2  # the slot image before it was slimmed: the base with apt's git added, perl and all
 	$(BIN)/python benchmarks/first_command.py
 	$(BIN)/python benchmarks/soak.py --minutes $(SOAK_MINUTES)
 
@@ -152,28 +171,28 @@ bench: setup bench-packages docker-packages ## Benchmark the restore, the checkp
 bench-packages:
 	$(call apt-packages,nginx:nginx curl:curl aria2c:aria2 openssl:openssl zstd:zstd ip:iproute2 tc:iproute2 cc:gcc skopeo:skopeo docker-registry:docker-registry)
 
-clean: ## Remove the virtualenvs, the IAM evaluator's packages and caches
-	rm -rf $(VENV) $(CHECKOV_VENV) $(IAM_NODE)/node_modules $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist .mypy_cache .ruff_cache .pytest_cache
+clean: ## Remove what the targets make: the virtualenvs (.venv, .checkov-venv, .sam-venv), the IAM evaluator's and the TypeScript client's node_modules (and its dist), site/, build/, .aws-sam and the tools' caches
+	rm -rf $(VENV) $(CHECKOV_VENV) $(SAM_VENV) $(IAM_NODE)/node_modules $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist site build .aws-sam .mypy_cache .ruff_cache .pytest_cache
 
 # SAM CLI pins an old boto3: it gets its own virtualenv. `sam build` needs a python3.13.
 SAM_VENV := .sam-venv
 PY313 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) $(shell command -v python3.13))
 
-sam-cli: ## The SAM CLI in .sam-venv (and a check for the python3.13 `sam build` needs)
+sam-cli: system-packages ## The SAM CLI in .sam-venv (and a check for the python3.13 `sam build` needs)
 	@test -n "$(PY313)" || { echo "sam build needs a python3.13 on this machine" >&2; exit 1; }
 	test -x $(SAM_VENV)/bin/sam || { $(PYTHON) -m venv $(SAM_VENV) && $(SAM_VENV)/bin/pip install --quiet aws-sam-cli; }
 
-sam-validate: setup sam-cli ## cfn-lint, sam validate --lint and sam build (SAM CLI in .sam-venv)
+sam-validate: setup-python sam-cli ## cfn-lint, sam validate --lint and sam build (SAM CLI in .sam-venv)
 	$(BIN)/cfn-lint template.yaml
 	SAM_CLI_TELEMETRY=0 $(SAM_VENV)/bin/sam validate --lint
 	SAM_CLI_TELEMETRY=0 PATH=$(dir $(PY313)):$$PATH $(SAM_VENV)/bin/sam build
 
-lambda-image: setup docker-packages ## The Lambda Python 3.13 base image `sam local invoke` runs in (public, or a stand-in)
+lambda-image: setup-python docker-packages ## The Lambda Python 3.13 base image `sam local invoke` runs in (public, or a stand-in)
 	images/lambda-python
 
 SAM_LOCAL := build/sam-local
 
-sam-local-build: setup sam-cli ## sam build the functions for `sam local invoke` on this machine (build/sam-local)
+sam-local-build: setup-python sam-cli ## sam build the functions for `sam local invoke` on this machine (build/sam-local)
 	$(BIN)/seedkeeper sam-template $(SAM_LOCAL)/template.json
 	LAYER_ARCHITECTURE=$$($(BIN)/python -c 'from seedkeeper_tools.sam_env import lambda_architecture; print(lambda_architecture())') \
 	  SAM_CLI_TELEMETRY=0 PATH=$(dir $(PY313)):$$PATH $(SAM_VENV)/bin/sam build \

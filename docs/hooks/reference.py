@@ -17,20 +17,21 @@ Nothing generated is committed.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import logging
 import os
 import re
-import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+from unittest.mock import patch
 
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
+
+from seedkeeper.api.answers import OUTCOMES, REFUSALS
+from seedkeeper_tools.cli import _parser
+from seedkeeper_tools.local.gateway import load_function_module
 
 log = logging.getLogger("mkdocs.hooks.reference")
 
@@ -50,11 +51,8 @@ COLUMNS = "90"
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
     root = Path(config.config_file_path).parent
-    for package in ("shared", "task", "tools"):  # the working tree's code, as pytest's pythonpath
-        if str(root / package) not in sys.path:
-            sys.path.insert(0, str(root / package))
     for name, purpose in FUNCTIONS.items():
-        document = json.loads(_load_app(root, name).app.get_openapi_json_schema())
+        document = json.loads(load_function_module(name).app.get_openapi_json_schema())
         files.append(
             File.generated(
                 config,
@@ -67,9 +65,7 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
                 config, f"reference/api/{name}.md", content=_api_page(name, purpose, document)
             )
         )
-    files.append(
-        File.generated(config, "reference/answers.md", content=_answers_page(root, config))
-    )
+    files.append(File.generated(config, "reference/answers.md", content=_answers_page(config)))
     files.append(File.generated(config, "reference/cli.md", content=_cli_page()))
     for client in CLIENTS:
         files.append(
@@ -81,19 +77,6 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
 
 
 # -- the function URLs -------------------------------------------------------------------
-
-
-def _load_app(root: Path, name: str) -> ModuleType:
-    """functions/<name>/app.py, loaded as the local gateway loads it (not `import app`: every
-    function's module is called app)."""
-    spec = importlib.util.spec_from_file_location(
-        f"seedkeeper_functions.{name}", root / "functions" / name / "app.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _api_page(name: str, purpose: str, document: dict[str, Any]) -> str:
@@ -173,16 +156,8 @@ def _type(schema: dict[str, Any]) -> str:
 
 def _constraints(schema: dict[str, Any]) -> str:
     found = []
-    for key in (
-        "pattern",
-        "minLength",
-        "maxLength",
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "format",
-        "default",
-    ):
+    # The constraint keywords the functions' models produce.
+    for key in ("pattern", "minLength", "maxLength", "minimum", "maximum", "maxItems", "default"):
         if key in schema:
             found.append(f"{key} `{schema[key]}`")
     for part in schema.get("anyOf", []):
@@ -201,9 +176,7 @@ def _cell(text: str) -> str:
 # -- the answer table --------------------------------------------------------------------
 
 
-def _answers_page(root: Path, config: MkDocsConfig) -> str:
-    from seedkeeper.api.answers import OUTCOMES, REFUSALS  # noqa: PLC0415
-
+def _answers_page(config: MkDocsConfig) -> str:
     described = (Path(config.docs_dir) / REFUSALS_PAGE).read_text()
     for token in REFUSALS:
         if f"`{token}`" not in described:
@@ -239,23 +212,7 @@ def _answers_page(root: Path, config: MkDocsConfig) -> str:
 # -- the command line --------------------------------------------------------------------
 
 
-@contextmanager
-def _columns(columns: str) -> Iterator[None]:
-    """argparse wraps to $COLUMNS: the same width whoever builds the site."""
-    before = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = columns
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = before
-
-
 def _cli_page() -> str:
-    from seedkeeper_tools.cli import _parser  # noqa: PLC0415
-
     lines = [
         "# The `seedkeeper` command",
         "",
@@ -263,7 +220,8 @@ def _cli_page() -> str:
         "for, with examples: [the operator guide](../operator/cli.md).",
         "",
     ]
-    with _columns(COLUMNS):
+    # argparse wraps to $COLUMNS: the same width whoever builds the site.
+    with patch.dict(os.environ, {"COLUMNS": COLUMNS}):
         for name, parser in _parsers(_parser(), "seedkeeper"):
             text = parser.format_help().replace(str(Path.home()), "~")
             lines += [f"## `{name}`", "", "```text", text.rstrip(), "```", ""]
@@ -286,13 +244,7 @@ _LINK = re.compile(r"(?<!!)\[([^\]]+)\]\((?!https?://|#|mailto:)([^)]+)\)")
 
 
 def _client_page(root: Path, client: str) -> str:
-    readme = root / "clients" / client / "README.md"
-    if not readme.exists():
-        return (
-            f"# The {client} client\n\nIts README (`clients/{client}/README.md`) is not in this "
-            "tree yet; [the executor guide](../../executor/clients.md) describes the client.\n"
-        )
-    text = readme.read_text()
+    text = (root / "clients" / client / "README.md").read_text()
     # Its links are relative to clients/<client>/, outside the site: kept as their text.
     text = _LINK.sub(lambda match: f"{match[1]} (`clients/{client}/{match[2]}`)", text)
     return (

@@ -15,7 +15,6 @@ DynamoDB and R2.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import time
@@ -53,7 +52,7 @@ from seedkeeper.domain.standby import Standby, StandbyPlan, StandbyState
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper.store.standbys import StandbyStore
 from seedkeeper_task.capture import upload
-from seedkeeper_tools.infra import FUNCTIONS
+from seedkeeper_tools.local.gateway import load_function_module
 
 # Cases per route (positive and negative together). About 12 ms a case on a 2-core
 # machine: 11 routes x 1,000 cases take about 130 s.
@@ -90,19 +89,7 @@ TASK_RECORD_ROUTES = [
 CONFORMANCE = [status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
-def load_app(name: str) -> Any:
-    """functions/<name>/app.py's resolver, loaded as the local gateway loads the module."""
-    spec = importlib.util.spec_from_file_location(
-        f"seedkeeper_functions.{name}", FUNCTIONS / name / "app.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-MODULES = {name: load_app(name) for name in {function for function, _, _ in ROUTES}}
+MODULES = {name: load_function_module(name) for name in {function for function, _, _ in ROUTES}}
 # Each function's document exactly as Powertools generates it, nothing patched.
 DOCUMENTS = {
     name: schemathesis.openapi.from_dict(json.loads(module.app.get_openapi_json_schema()))

@@ -115,17 +115,23 @@ class LocalContext:
     log_stream_name: str = "local"
 
 
-def load_handler(name: str) -> Handler:
-    """functions/<name>/app.py's `lambda_handler`, loaded under its own module name; each
-    invocation acting as that function (`principals.acting_as`: what its role must allow)."""
+def load_function_module(name: str) -> ModuleType:
+    """functions/<name>/app.py, loaded as `seedkeeper_functions.<name>`: every function's
+    module is called app, so `import app` would give them all the first one found."""
     spec = importlib.util.spec_from_file_location(
         f"seedkeeper_functions.{name}", FUNCTIONS / name / "app.py"
     )
     if spec is None or spec.loader is None:
         raise FileNotFoundError(FUNCTIONS / name / "app.py")
-    module: ModuleType = importlib.util.module_from_spec(spec)
+    module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    handler: Handler = module.lambda_handler
+    return module
+
+
+def load_handler(name: str) -> Handler:
+    """functions/<name>/app.py's `lambda_handler`; each invocation acting as that function
+    (`principals.acting_as`: what its role must allow)."""
+    handler: Handler = load_function_module(name).lambda_handler
 
     def as_its_role(event: dict[str, Any], context: Any) -> dict[str, Any]:
         with acting_as(name):
