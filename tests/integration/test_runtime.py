@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from importlib.metadata import EntryPoint, EntryPoints
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -418,6 +419,21 @@ def test_a_runtime_not_installed_is_unavailable_not_an_import_error(
     monkeypatch.setattr("seedkeeper.adapters.runtime.RUNTIME_ENTRY_POINTS", "nothing.here")
     with pytest.raises(RuntimeUnavailable, match="local runtime is not installed"):
         runtime_from(RuntimeSettings(runtime="local", data_dir=tmp_path))
+
+
+def test_a_runtime_installed_but_broken_is_unavailable_not_an_import_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Its entry point is registered but its module does not import (a partial install):
+    told as a runtime that is not there, its cause kept for the log."""
+    broken = EntryPoint("local", "seedkeeper_no_such_module:runtime", "seedkeeper.runtimes")
+    monkeypatch.setattr(
+        "seedkeeper.adapters.runtime.entry_points", lambda **_: EntryPoints((broken,))
+    )
+    with pytest.raises(RuntimeUnavailable, match="local runtime cannot be loaded") as raised:
+        runtime_from(RuntimeSettings(runtime="local", data_dir=tmp_path))
+    assert isinstance(raised.value.__cause__, ImportError)
+    assert not raised.value.retryable
 
 
 @pytest.mark.parametrize("name", ["AWS_SESSION_TOKEN", "SEEDKEEPER_R2_SECRET_ACCESS_KEY"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -276,6 +277,54 @@ def test_a_standby_that_never_reports_in_is_a_start_failure(stack: Stack) -> Non
     later = pool_at(NOW + 600).tend()
     assert (later.retired, later.start_failures, later.launched) == (1, 1, 1)
     assert tasks.stopped == tasks.launched[:1]
+
+
+class ReadThenRaced(StandbyStore):
+    """A store whose pool is read, then raced (`race`) before the sweep writes."""
+
+    def __init__(self, stack: Stack, race: Callable[[], None]) -> None:
+        super().__init__(stack.table)
+        self._race = race
+
+    def pool(self, pool: str, *, consistent: bool = True) -> list[Standby]:
+        read = super().pool(pool, consistent=consistent)
+        self._race()
+        return read
+
+
+def test_a_standby_assigned_as_it_times_out_is_no_start_failure(stack: Stack) -> None:
+    """Read still starting at its start timeout, it reports in and a seed takes it before
+    the sweep retires it: the retirement's condition fails, and a standby that started is
+    neither retired nor counted as one that did not."""
+    tasks = Tasks()
+    settings = PoolSettings(pool=1, max_age=3600, start_timeout=600)
+    first = StandbyPool(
+        standbys=standbys(stack),
+        snapshots=SnapshotStore(stack.table),
+        runtime=tasks,
+        settings=settings,
+        clock=lambda: NOW,
+    )
+    assert first.tend().launched == 1
+    (starting,) = standbys(stack).pool(BLANK_POOL)
+
+    def reported_in_and_taken() -> None:
+        assert standbys(stack).move(
+            starting, StandbyState.FREE, from_states={StandbyState.STARTING}, now=NOW + 600
+        )
+        seed(seed_service(stack, tasks, settings), "slot-1", publish(stack, "a" * 40))
+
+    timed_out = StandbyPool(
+        standbys=ReadThenRaced(stack, reported_in_and_taken),
+        snapshots=SnapshotStore(stack.table),
+        runtime=tasks,
+        settings=settings,
+        clock=lambda: NOW + 600,
+    ).tend()
+    assert (timed_out.retired, timed_out.start_failures) == (0, 0)
+    assert incarnation_of(stack, "slot-1") == starting.incarnation
+    (assigned,) = [s for s in standbys(stack).pool(BLANK_POOL) if s.standby == starting.standby]
+    assert assigned.state is StandbyState.ASSIGNED
 
 
 # -- the standby's own calls ------------------------------------------------------------

@@ -34,7 +34,7 @@ from seedkeeper.domain.record import (
 from seedkeeper.domain.runtime import RUNNING, UNKNOWN, TaskState, TaskStatus
 from seedkeeper.domain.snapshots import Archive, NewSnapshot, Rotation, plan_rotation
 from seedkeeper.errors import RuntimeUnavailable
-from seedkeeper.services.sweep import Sweeper, SweepSettings
+from seedkeeper.services.sweep import RETAINED_ALERT_AFTER, Sweeper, SweepSettings
 from seedkeeper.store.lifecycle import Lifecycle
 from seedkeeper.store.snapshots import SnapshotStore
 from seedkeeper.store.sweep_index import PROGRESS_KEY, SweepIndex
@@ -389,15 +389,19 @@ def test_a_stop_the_platform_refuses_is_counted_as_such_and_stopped_again(
     table: Table, lifecycle: Lifecycle
 ) -> None:
     """The cold slot is fenced (closing) but its task not stopped: retained as
-    `stop-failed`, not as if a poll had touched it, and the next sweep stops it again."""
+    `stop-failed`, not as if a poll had touched it, and counted long (its alarm) once
+    refused past the alert age. The next sweep that may stop it stops it."""
     stored_in(lifecycle, "cold", State.UNSEEDED, INCARNATION)
     runtime = RefusingStops(states={INCARNATION: RUNNING})
     first = sweeper(table, runtime).sweep()
-    assert first.retained == {"stop-failed": 1}
+    assert (first.retained, first.retained_long) == ({"stop-failed": 1}, {})
     assert first.stopped == []
     closing = lifecycle.read("cold")
     assert isinstance(closing, Supported)
     assert closing.record.state is State.CLOSING
+    late = sweeper(table, runtime, at=closing.record.idle_deadline + RETAINED_ALERT_AFTER + 1)
+    still = late.sweep()
+    assert (still.retained, still.retained_long) == ({"stop-failed": 1}, {"stop-failed": 1})
     working = FakeRuntime(states={INCARNATION: RUNNING})
     second = sweeper(table, working).sweep()
     assert (second.stopped, working.stopped) == (["cold"], [INCARNATION])

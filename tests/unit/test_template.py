@@ -452,6 +452,11 @@ def test_every_value_a_parameter_allows_the_code_accepts(
     assert settings.model_fields[field].default == declared["Default"]
 
 
+def preseeded(entries: int) -> str:
+    """A StandbyPreseeded value naming that many resources."""
+    return "{" + ", ".join(f'"r{n}": 1' for n in range(entries)) + "}"
+
+
 # Strings a String parameter's AllowedPattern is held to: each it allows, the code must take
 # (else the stack deploys and every task, or every seed, fails), and these must be refused.
 STRING_PARAMETERS: list[tuple[str, type[BaseSettings], str, list[str], list[str]]] = [
@@ -466,8 +471,11 @@ STRING_PARAMETERS: list[tuple[str, type[BaseSettings], str, list[str], list[str]
         "StandbyPreseeded",
         PoolSettings,
         "preseeded",
-        ["{}", '{"widgets": 2}', '{"a": 0, "b.c-d_e": 100}', '{ "widgets" : 1 }'],
-        ["{x}", '{"widgets": 101}', '{"../x": 1}', '{"widgets": "2"}', '{"a": 1,}', "[]"],
+        ["{}", '{"widgets": 2}', '{"a": 0, "b.c-d_e": 100}', '{ "widgets" : 1 }', preseeded(100)],
+        [
+            *("{x}", '{"widgets": 101}', '{"../x": 1}', '{"widgets": "2"}', '{"a": 1,}', "[]"),
+            preseeded(101),  # the code takes at most 100 resources
+        ],
     ),
 ]
 
@@ -709,8 +717,8 @@ def test_every_function_logs_to_a_log_group_of_its_own(template: Template) -> No
 DEAD_LETTERS = "SweepDeadLetterQueue"
 DASHBOARD = "OperationsDashboard"
 ALARM_ACTIONS = {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}
-# The reasons whose long retention raises an alarm (the issue's two).
-LONG_RETAINED_REASONS = {"checkpoint-failed", "task-unknown"}
+# The reasons whose long retention raises an alarm.
+LONG_RETAINED_REASONS = {"checkpoint-failed", "stop-failed", "task-unknown"}
 # Clock of the sweep that renders the metrics: long after every test slot's idle deadline
 # (beyond SEEDKEEPER_RETAINED_ALERT_AFTER's default hour).
 LONG_AFTER = EXPIRED + 2 * 3600
@@ -797,9 +805,11 @@ def test_every_function_has_an_errors_and_a_throttles_alarm(template: Template) 
 
 @dataclass
 class TaskStates:
-    """A runtime that answers each incarnation's state; the sweep's stops succeed."""
+    """A runtime that answers each incarnation's state; the sweep's stops succeed but
+    those of the `refused` incarnations."""
 
     states: dict[str, TaskState]
+    refused: frozenset[str] = frozenset()
 
     def launch(self, plan: SlotPlan) -> str:
         return f"local:{plan.slot}:{plan.attempt}"  # a seed's: its slot's task
@@ -817,7 +827,8 @@ class TaskStates:
         raise AssertionError("the sweep never asks what a task was launched for")
 
     def stop(self, incarnation: str) -> None:
-        pass
+        if incarnation in self.refused:
+            raise RuntimeUnavailable("ThrottlingException", retryable=True)
 
 
 @dataclass(frozen=True)
@@ -848,6 +859,7 @@ def rendered(
     running = TaskState(TaskStatus.RUNNING)
     rows = {
         "cold": (State.UNSEEDED, running),  # stopped
+        "refused": (State.UNSEEDED, running),  # fenced, its stop refused (stop-failed)
         "asked": (State.SEEDED, running),  # asked to checkpoint
         "parked": (State.CHECKPOINTED, running),  # parked
         "gone": (State.SEEDED, TaskState.stopped("SpotInterruption", "interrupted")),  # lost
@@ -878,7 +890,10 @@ def rendered(
     assert isinstance(after, Supported)
     failed_reason = after.record.retained_reason
     assert failed_reason is not None
-    runtime = TaskStates({incarnations[slot]: task for slot, (_, task) in rows.items()})
+    runtime = TaskStates(
+        {incarnations[slot]: task for slot, (_, task) in rows.items()},
+        refused=frozenset({incarnations["refused"]}),
+    )
     Sweeper(
         index=SweepIndex(table),
         lifecycle=lifecycle,

@@ -106,12 +106,13 @@ def refusal_reason(refusal: dict[str, Any], otherwise: str) -> str:
     proxy's, saying anything): the first of `error` and `message` that is a string with
     something left once control characters are dropped, cut to 64 characters; else
     `otherwise`."""
-    for field in ("error", "message"):
-        token = refusal.get(field)
-        if isinstance(token, str):
-            if kept := "".join(c for c in token if unicodedata.category(c) != "Cc")[:64]:
-                return kept
-    return otherwise
+    tokens = (refusal.get(field) for field in ("error", "message"))
+    kept = (
+        "".join(c for c in token if unicodedata.category(c) != "Cc")[:64]
+        for token in tokens
+        if isinstance(token, str)
+    )
+    return next(filter(None, kept), otherwise)
 
 
 def _bounded(response: Any) -> bytes:

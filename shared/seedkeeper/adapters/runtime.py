@@ -116,7 +116,10 @@ def installed_runtime(name: str) -> Callable[[RuntimeSettings], SlotRuntime]:
     found = entry_points(group=RUNTIME_ENTRY_POINTS, name=name)
     if not found:
         raise RuntimeUnavailable(f"the {name} runtime is not installed")
-    factory: Callable[[RuntimeSettings], SlotRuntime] = next(iter(found)).load()
+    try:
+        factory: Callable[[RuntimeSettings], SlotRuntime] = next(iter(found)).load()
+    except ImportError as broken:  # registered, but its module does not import: not there
+        raise RuntimeUnavailable(f"the {name} runtime cannot be loaded") from broken
     return factory
 
 

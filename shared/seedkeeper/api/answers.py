@@ -103,6 +103,8 @@ REFUSALS: Mapping[str, HTTPStatus] = {
     "origin-mismatch": HTTPStatus.CONFLICT,
     "slot-closed": HTTPStatus.CONFLICT,
     "record-unsupported": HTTPStatus.CONFLICT,
+    # every operation of the slot unsettled: nothing more may start until one settles
+    "window-full": HTTPStatus.SERVICE_UNAVAILABLE,
     # the slot task's calls: a call its signer's task did not make, or about a slot that
     # names another task (or none); the same whichever it is
     "not-this-task": HTTPStatus.FORBIDDEN,

@@ -178,18 +178,22 @@ class PoolPlan:
     retire: tuple[Standby, ...]
 
 
+def _dead(standby: Standby, gone: frozenset[str]) -> bool:
+    """Its task stopped (`gone`: the stopped tasks; an unknown one is not)."""
+    return standby.incarnation is not None and standby.incarnation in gone
+
+
 def never_started(
     standby: Standby, *, settings: PoolSettings, gone: frozenset[str], now: int
 ) -> bool:
     """A standby that did not start: its task stopped before it was free, or it has not
     reported in within the start timeout (alive or not, it is given up)."""
-    stopped = standby.incarnation is not None and standby.incarnation in gone
     waiting = standby.state in {StandbyState.STARTING, StandbyState.PREPARING}
     silent = (
         standby.state is StandbyState.STARTING
         and now - standby.launched_at >= settings.start_timeout
     )
-    return (waiting and stopped) or silent
+    return (waiting and _dead(standby, gone)) or silent
 
 
 def tend(
@@ -211,7 +215,7 @@ def tend(
     for standby in (s for s in standbys if s.state in LIVE):
         aged = now - standby.launched_at >= settings.max_age
         given_up = aged or never_started(standby, settings=settings, gone=gone, now=now)
-        dead = standby.incarnation is not None and standby.incarnation in gone
+        dead = _dead(standby, gone)
         (retire if given_up or dead or standby.preseed != wanted else kept).append(standby)
     surplus = len(kept) - target
     if surplus > 0:

@@ -206,13 +206,11 @@ class SeedService:
     @staticmethod
     def _not_resumed(refused: Refused) -> SeedOutcome:
         """Past its retention a checkpoint no longer counts (R2's lifecycle rule deletes it
-        soon after): as gone for its owner as a deleted one. A window too full to reserve the
-        restore is not now (the sweep settles what is stale). Every other refusal is a
-        binding check's, answered as a poll's."""
+        soon after): as gone for its owner as a deleted one. Every other refusal is answered
+        as it is: a binding check's as a poll's (a full window cannot be: a parked record has
+        no unsettled operation)."""
         if refused.reason == "checkpoint-not-counted":
             return _not_restorable("checkpoint expired")
-        if refused.reason == "window-full":
-            return Refused("retry-later", "the slot's operations are not yet settled")
         return refused
 
     def _checkpoint_gone(self, checkpoint: Checkpoint) -> NotSeeded | None:

@@ -165,11 +165,6 @@ class StandbyPool:
         plan = tend(
             standbys, target=target, wanted=wanted, settings=self._settings, gone=gone, now=now
         )
-        # A standby whose task stopped before it was free, or that never reported in, never
-        # started: counted, alarmed on.
-        report.start_failures += sum(
-            never_started(s, settings=self._settings, gone=gone, now=now) for s in plan.retire
-        )
         # Retired ones are stopped, then forgotten: these, and those an earlier look (or a
         # standby's own call) retired whose stop is still to do.
         retired = [s for s in standbys if s.state is StandbyState.RETIRED]
@@ -177,6 +172,11 @@ class StandbyPool:
             if self._standbys.move(standby, StandbyState.RETIRED, from_states=LIVE, now=now):
                 report.retired += 1
                 retired.append(standby)
+                # One whose task stopped before it was free, or that never reported in, never
+                # started: counted, alarmed on. Not one that moved meanwhile (a seed took it).
+                report.start_failures += never_started(
+                    standby, settings=self._settings, gone=gone, now=now
+                )
         for standby in retired:
             report.stopped += self._stop(standby)
         for _ in range(plan.launch):

@@ -246,9 +246,7 @@ class Sweeper:
         except RuntimeUnavailable:
             # Fenced, its task not stopped: it stays closing, and the next run stops it.
             logger.warning("stop failed; the slot stays closing", slot=slot)
-            report.retained["stop-failed"] += 1
-            if now - disposition.record.idle_deadline > self._retained_alert_after:
-                report.retained_long["stop-failed"] += 1
+            self._count_retained("stop-failed", disposition.record, now, report)
             return
         if not done:
             report.retained["touched"] += 1
@@ -260,14 +258,20 @@ class Sweeper:
     def _retain(self, retain: Retain, now: int, report: Report) -> None:
         """Counted, and on a record this code may write, its reason and its next look
         written (a failed write means someone else wrote: it is due again at once)."""
-        report.retained[retain.reason] += 1
         record = retain.record
+        self._count_retained(retain.reason, record, now, report)
         if record is None:
             return
-        if now - record.idle_deadline > self._retained_alert_after:
-            report.retained_long[retain.reason] += 1
         retained = Retained(retain.reason, now=now, backoff=self._settings.backoff)
         self._lifecycle.write(NOTE_RETAINED, record, retained)
+
+    def _count_retained(
+        self, reason: str, record: SlotRecord | None, now: int, report: Report
+    ) -> None:
+        """Counted by its reason, and again (its alarm) when long past its idle deadline."""
+        report.retained[reason] += 1
+        if record is not None and now - record.idle_deadline > self._retained_alert_after:
+            report.retained_long[reason] += 1
 
     def _close(self, record: SlotRecord, park: bool, now: int) -> SlotRecord | None:
         """Stop the fenced slot's task, then retire it, or park it when its checkpoint

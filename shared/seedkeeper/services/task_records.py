@@ -89,7 +89,11 @@ class TaskRecords:
             expires_at=now + self._retention.park_retention,
         )
         written = self._apply(call, caller, transitions.LOSE, lost)
-        if isinstance(written, TaskWrite) and written.outcome == "written":  # counted once
+        # Counted once: a retry is acknowledged. A write that landed but whose answer was
+        # lost (the SDK's resend then fails its condition) is acknowledged too, and goes
+        # uncounted (the sweep's the same); taking an identical record for one's own write
+        # could take another caller's for it, which is worse than one alarm missed.
+        if isinstance(written, TaskWrite) and written.outcome == "written":
             count("SlotsLost")
         return written
 
